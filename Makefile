@@ -1,0 +1,42 @@
+# One target per routine. `make demo` and `make test` do all the set-up on a fresh machine.
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install services test test-fast lint typecheck fmt demo bench clean
+
+install:
+	@bash scripts/bootstrap.sh
+
+services:
+	@bash scripts/ensure-services.sh
+
+## The test command (CI runs exactly this): real MariaDB, Redis, celery workers, files, HTTP.
+test: install services
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Unit tests only (pure logic, no servers).
+test-fast: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: install
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy orbit_tasks celeryconfig.py
+
+typecheck: install
+	.venv/bin/mypy orbit_tasks celeryconfig.py
+
+fmt: install
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
+
+## End-to-end demo on the embedded default (SQLite + local files + filesystem broker, no servers).
+demo: install
+	.venv/bin/orbit demo
+
+## Benchmarks (separate from tests); results go to bench/RESULTS.md.
+bench: install services
+	$(PY) -m bench.run
+
+clean:
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,69 @@
+"""Deployable Celery settings, read from the environment through orbit_tasks' one Settings object.
+
+SPEC §7 / DEVELOPERS.md: explicit queue lists per worker, prefetch 1, late acks, results ignored,
+time limits below the lease, task events on for Flower, no ETA/countdown (the database holds time).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from orbit_tasks.settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.broker_url
+if _settings.broker_is_filesystem:
+    _folder = str(_settings.var_dir / "broker")
+    broker_transport_options = {
+        "data_folder_in": _folder,
+        "data_folder_out": _folder,
+        "processed_folder": str(_settings.var_dir / "broker-processed"),
+        "store_processed": False,
+    }
+else:
+    # Redis redelivers an unacked message after this; it must exceed the longest task run.
+    broker_transport_options = {"visibility_timeout": 2 * _settings.archive_lease_seconds + 60}
+
+task_ignore_result = True
+result_backend = None
+task_acks_late = True
+task_reject_on_worker_lost = False  # a lost worker's job is recovered by its lease, not the broker
+worker_prefetch_multiplier = 1
+task_default_queue = "orbit.control"
+task_create_missing_queues = True
+task_serializer = "json"
+accept_content = ["json"]
+worker_send_task_events = True
+task_send_sent_event = True
+worker_hijack_root_logger = False
+broker_connection_retry_on_startup = True
+timezone = "UTC"
+enable_utc = True
+
+# Hard limit strictly below the archive lease so a stuck claim dies before another node may take
+# it over; the soft limit leaves time to release cleanly.
+task_time_limit = max(5, _settings.archive_lease_seconds - 10)
+task_soft_time_limit = max(3, _settings.archive_lease_seconds - 20)
+
+task_routes = {
+    "orbit.archive.tick": {"queue": "orbit.control"},
+    "orbit.sender.tick": {"queue": "orbit.sender"},
+    "orbit.sender.relay": {"queue": "orbit.sender"},
+}
+
+beat_schedule = {
+    "orbit-archive-tick": {
+        "task": "orbit.archive.tick",
+        "schedule": timedelta(seconds=_settings.tick_seconds),
+        "options": {"queue": "orbit.control", "expires": max(1, _settings.tick_seconds - 5)},
+    },
+    "orbit-sender-tick": {
+        "task": "orbit.sender.tick",
+        "schedule": timedelta(seconds=_settings.sender_tick_seconds),
+        "options": {
+            "queue": "orbit.sender",
+            "expires": max(1.0, _settings.sender_tick_seconds * 0.9),
+        },
+    },
+}

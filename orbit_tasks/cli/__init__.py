@@ -1,0 +1,1 @@
+"""The ``orbit`` operator CLI: one module per command group, registered in ``main``."""

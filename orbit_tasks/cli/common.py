@@ -1,0 +1,94 @@
+"""Shared CLI plumbing: error -> exit code mapping, ``--json`` output, argument parsing.
+
+Exit codes (SPEC §9): 0 ok, 2 usage/invalid input, 3 conflict, 4 not found, 1 other.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from orbit_tasks.errors import InvalidInput, OrbitError
+from orbit_tasks.units import parse_duration, parse_size
+
+
+class OrbitGroup(click.Group):
+    """A click group that turns project errors into their exit codes and one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OrbitError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except OperationalError as exc:
+            code = getattr(exc.orig, "args", [None])[0]
+            click.echo(f"error: database unavailable (driver code {code})", err=True)
+            ctx.exit(1)
+        except DBAPIError as exc:
+            click.echo(f"error: database refused the change ({type(exc.orig).__name__})", err=True)
+            ctx.exit(1)
+
+
+def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
+
+
+def emit(data: Any, as_json: bool, human: Callable[[Any], str] | str | None = None) -> None:
+    """Print ``data`` as JSON (``--json``) or via ``human`` (a string or a formatter)."""
+    if as_json:
+        click.echo(json.dumps(data, sort_keys=True, ensure_ascii=False, default=str))
+        return
+    if human is None:
+        click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+    elif callable(human):
+        click.echo(human(data))
+    else:
+        click.echo(human)
+
+
+def emit_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """A plain aligned table for people (``--json`` prints the rows instead)."""
+    if not rows:
+        click.echo("(none)")
+        return
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
+    for r in rows:
+        click.echo("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
+
+
+class SizeParam(click.ParamType):
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        try:
+            return parse_size(value, what=f"--{param.name.replace('_', '-')}" if param else "size")
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DurationParam(click.ParamType):
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        try:
+            return parse_duration(
+                value, what=f"--{param.name.replace('_', '-')}" if param else "duration"
+            )
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeParam()
+DURATION = DurationParam()
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)

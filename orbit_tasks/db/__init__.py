@@ -1,0 +1,1 @@
+"""Database layer: engines, column types, dialect variants, schema and migrations."""

@@ -1,0 +1,181 @@
+"""Business (application) database schema: ``seeds/sender_outbox.sql`` exactly.
+
+Not part of the platform migrations. The two MySQL-only CHECK expressions get SQLite variants
+(``ddl_if``); everything else is one definition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import (
+    CheckConstraint,
+    Column,
+    Index,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    UniqueConstraint,
+)
+
+from orbit_tasks.db.types import MYSQL, Ascii, DateTime6, Digest32, JsonText, Str, UBigInt, UInt
+
+metadata = MetaData()
+_MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB"}
+
+
+def _on_mysql(ddl: Any, target: Any, bind: Any, **kw: Any) -> bool:
+    return bool(kw["dialect"].name in MYSQL)
+
+
+def _mysql_only(ck: CheckConstraint) -> CheckConstraint:
+    return ck.ddl_if(callable_=cast(Any, _on_mysql))
+
+
+def _sqlite_only(ck: CheckConstraint) -> CheckConstraint:
+    return ck.ddl_if(dialect="sqlite")
+
+
+sender_outbox = Table(
+    "sender_outbox",
+    metadata,
+    Column(
+        "namespace_id",
+        Ascii(32, fixed=True),
+        nullable=False,
+        comment="固定目标命名空间，重启及换凭据不得改变",
+    ),
+    Column(
+        "queue_id",
+        Ascii(32, fixed=True),
+        nullable=False,
+        comment="固定目标队列，发送前核对当前授权及命名空间",
+    ),
+    Column(
+        "operation_id",
+        Ascii(32, fixed=True),
+        nullable=False,
+        comment="业务操作标识，同命名空间内唯一，调用方持久化后复用",
+    ),
+    Column(
+        "idempotency_key",
+        Ascii(128),
+        nullable=False,
+        comment="冻结平台提交键，由业务操作标识派生，禁止换键补发",
+    ),
+    Column(
+        "request_json",
+        JsonText(),
+        nullable=False,
+        comment="冻结任务提交正文，保留精确数字，不存认证凭据",
+    ),
+    Column(
+        "request_digest",
+        Digest32(),
+        nullable=False,
+        comment="冻结正文SHA256，防止同身份不同内容，非平台摘要算法",
+    ),
+    Column(
+        "state",
+        Ascii(16),
+        nullable=False,
+        comment="PENDING待发，SENDING领取中，ACCEPTED已受理，REVIEW需核查",
+    ),
+    Column("send_count", UInt(), nullable=False, comment="领取次数，包含领取后崩溃的次数，最多100"),
+    Column(
+        "lease_epoch", UBigInt(), nullable=False, comment="领取代次递增，旧发送器不能覆盖新代次结果"
+    ),
+    Column(
+        "wake_at",
+        DateTime6(),
+        nullable=True,
+        comment="待发下次时间或发送租约期限，终结后为空，UTC微秒",
+    ),
+    Column(
+        "send_deadline_at",
+        DateTime6(),
+        nullable=False,
+        comment="首次入库24小时后的发送截止，短于平台幂等保留窗口",
+    ),
+    Column(
+        "last_code", Ascii(32), nullable=False, comment="最近稳定分类，不保存服务端错误正文或秘密"
+    ),
+    Column(
+        "task_id",
+        Ascii(32, fixed=True),
+        nullable=True,
+        comment="已确认的平台任务标识，只在ACCEPTED非空",
+    ),
+    Column(
+        "receipt_json",
+        JsonText(),
+        nullable=True,
+        comment="原受理回执，仅ACCEPTED非空，不代表当前执行结果",
+    ),
+    Column(
+        "created_at", DateTime6(), nullable=False, comment="业务事务首次创建命令UTC时间，微秒精度"
+    ),
+    Column("updated_at", DateTime6(), nullable=False, comment="本地状态最近变化UTC时间，微秒精度"),
+    PrimaryKeyConstraint("namespace_id", "operation_id"),
+    UniqueConstraint("namespace_id", "idempotency_key", name="uq_sender_identity"),
+    Index("ix_sender_due", "namespace_id", "queue_id", "wake_at", "operation_id"),
+    CheckConstraint("JSON_VALID(request_json)", name="ck_sender_document"),
+    CheckConstraint("receipt_json IS NULL OR JSON_VALID(receipt_json)", name="ck_sender_receipt"),
+    CheckConstraint("send_count<=100 AND lease_epoch=send_count", name="ck_sender_count"),
+    CheckConstraint(
+        "(state IN ('PENDING','SENDING') AND wake_at IS NOT NULL AND task_id IS NULL "
+        "AND receipt_json IS NULL)\n"
+        "OR (state='REVIEW' AND wake_at IS NULL AND task_id IS NULL AND receipt_json IS NULL)\n"
+        "OR (state='ACCEPTED' AND wake_at IS NULL AND task_id IS NOT NULL "
+        "AND receipt_json IS NOT NULL)",
+        name="ck_sender_state",
+    ),
+    CheckConstraint("state<>'SENDING' OR lease_epoch>0", name="ck_sender_lease"),
+    _mysql_only(
+        CheckConstraint(
+            "send_deadline_at>created_at AND send_deadline_at<=TIMESTAMPADD(HOUR,24,created_at)",
+            name="ck_sender_deadline",
+        )
+    ),
+    # SQLite has no TIMESTAMPADD; julianday() works in whole milliseconds on both sides.
+    _sqlite_only(
+        CheckConstraint(
+            "julianday(send_deadline_at)>julianday(created_at) AND "
+            "julianday(send_deadline_at)<=julianday(created_at,'+24 hours')",
+            name="ck_sender_deadline",
+        )
+    ),
+    comment="业务事务Outbox，持久化原请求与有限重发状态，不承担业务恰好一次",
+    **_MYSQL_TABLE,
+)
+
+sender_jobs = Table(
+    "sender_jobs",
+    metadata,
+    Column(
+        "namespace_id", Ascii(32, fixed=True), nullable=False, comment="与Outbox相同的命名空间范围"
+    ),
+    Column(
+        "operation_id",
+        Ascii(32, fixed=True),
+        nullable=False,
+        comment="本地业务操作标识，与Outbox同事务创建",
+    ),
+    Column(
+        "source_ref",
+        Str(512, charset="utf8mb4", collation="utf8mb4_0900_bin"),
+        nullable=False,
+        comment="待处理对象引用，首次入库后固定，不存对象正文或凭据",
+    ),
+    Column(
+        "task_id",
+        Ascii(32, fixed=True),
+        nullable=True,
+        comment="已确认的平台受理任务，为空不证明远端未受理",
+    ),
+    Column("created_at", DateTime6(), nullable=False, comment="业务记录创建UTC时间，微秒精度"),
+    Column("updated_at", DateTime6(), nullable=False, comment="关联任务最近变化UTC时间，微秒精度"),
+    PrimaryKeyConstraint("namespace_id", "operation_id"),
+    comment="接入方示例业务记录，与待发请求及受理关联分别同事务保存",
+    **_MYSQL_TABLE,
+)

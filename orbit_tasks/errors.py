@@ -1,0 +1,48 @@
+"""One exception tree for the whole project.
+
+Every error the operator can see derives from :class:`OrbitError`; its ``exit_code`` is what the
+``orbit`` CLI exits with (SPEC §9): 2 usage / invalid input, 3 conflict, 4 not found, 1 other.
+Messages name the bad value and the allowed range; they never carry secrets or business content.
+"""
+
+from __future__ import annotations
+
+
+class OrbitError(Exception):
+    """Base of every project error. ``exit_code`` 1 = other error."""
+
+    exit_code = 1
+
+
+class InvalidInput(OrbitError):
+    """Bad input from an operator or caller (out of range, malformed). Nothing was written."""
+
+    exit_code = 2
+
+
+class ConflictError(OrbitError):
+    """Stale ``--expect-revision``, illegal state transition, or an identity clash."""
+
+    exit_code = 3
+
+
+class StaleRevision(ConflictError):
+    """The row's revision is not the one the caller expected."""
+
+
+class IllegalState(ConflictError):
+    """The requested change is not allowed from the row's current state."""
+
+
+class NotFound(OrbitError):
+    """A namespace, plan, job, storage or outbox row that does not exist."""
+
+    exit_code = 4
+
+
+class TransientError(OrbitError):
+    """Database or broker unreachable, deadlock, lock wait timeout: retry later, not a failure."""
+
+
+class LeaseLost(OrbitError):
+    """A fenced write matched zero rows: another claim owns the job now. Stop, write nothing."""

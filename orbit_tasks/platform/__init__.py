@@ -1,0 +1,1 @@
+"""Platform-side models and SQL: tenants, volumes, policies, queues, credentials, history kinds."""

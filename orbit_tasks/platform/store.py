@@ -1,0 +1,348 @@
+"""Every SQL statement on the platform's own registry tables: namespaces, storages, retention
+policies, queues, credentials and the audit log. Functions take a ``Connection`` inside the
+caller's transaction, so that a check and the write it guards commit together."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from orbit_tasks.db.history_tables import audit_events
+from orbit_tasks.db.platform_tables import (
+    archive_policies,
+    archive_storages,
+    credentials,
+    namespaces,
+    queues,
+)
+from orbit_tasks.errors import ConflictError, IllegalState, InvalidInput, NotFound
+from orbit_tasks.ids import from_hex, is_hex_id, new_id
+from orbit_tasks.platform.history import history_kind
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+MIN_ARCHIVE_AFTER = 3600
+MAX_ARCHIVE_AFTER = 100 * 365 * 86400
+TOKEN_PREFIX = "orb_"
+
+
+@dataclass(frozen=True)
+class Namespace:
+    id: bytes
+    name: str
+    state: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Policy:
+    namespace_id: bytes
+    kind: str
+    revision: int
+    archive_after_seconds: int
+    created_at: datetime
+    created_by: str
+
+
+@dataclass(frozen=True)
+class Queue:
+    namespace_id: bytes
+    id: bytes
+    name: str
+
+
+@dataclass(frozen=True)
+class Credential:
+    id: bytes
+    namespace_id: bytes
+    queue_ids: tuple[bytes, ...] | None  # None = every queue of the namespace
+    label: str
+
+
+def validate_name(name: str, what: str) -> str:
+    if not _NAME.match(name or ""):
+        raise InvalidInput(
+            f"{what} name {name!r} is invalid (allowed: 1-64 characters a-z 0-9 _ . -, "
+            "starting with a letter or digit)"
+        )
+    return name
+
+
+# --- namespaces ---------------------------------------------------------------------------------
+
+
+def create_namespace(conn: Connection, name: str) -> bytes:
+    validate_name(name, "namespace")
+    if conn.execute(select(namespaces.c.id).where(namespaces.c.name == name)).first():
+        raise ConflictError(f"namespace {name!r} already exists")
+    ns_id = new_id()
+    try:
+        conn.execute(insert(namespaces).values(id=ns_id, name=name, state="ACTIVE"))
+    except IntegrityError:
+        raise ConflictError(f"namespace {name!r} already exists") from None
+    return ns_id
+
+
+def list_namespaces(conn: Connection) -> list[Namespace]:
+    rows = conn.execute(select(namespaces).order_by(namespaces.c.name)).all()
+    return [Namespace(r.id, r.name, r.state, r.created_at) for r in rows]
+
+
+def resolve_namespace(conn: Connection, ref: str) -> Namespace:
+    """A namespace by name or 32-hex id (SPEC §9: NS accepts either)."""
+    cond = namespaces.c.id == from_hex(ref) if is_hex_id(ref) else namespaces.c.name == ref
+    row = conn.execute(select(namespaces).where(cond)).first()
+    if row is None and is_hex_id(ref):  # a 32-hex-character *name* is allowed too
+        row = conn.execute(select(namespaces).where(namespaces.c.name == ref)).first()
+    if row is None:
+        raise NotFound(f"namespace {ref!r} does not exist")
+    return Namespace(row.id, row.name, row.state, row.created_at)
+
+
+def get_namespace(conn: Connection, ns_id: bytes) -> Namespace | None:
+    row = conn.execute(select(namespaces).where(namespaces.c.id == ns_id)).first()
+    return None if row is None else Namespace(row.id, row.name, row.state, row.created_at)
+
+
+def require_active_namespace(conn: Connection, ns_id: bytes) -> Namespace:
+    """Checked inside the caller's transaction ("verified by the transaction")."""
+    ns = get_namespace(conn, ns_id)
+    if ns is None:
+        raise NotFound(f"namespace {ns_id.hex()} does not exist")
+    if ns.state != "ACTIVE":
+        raise IllegalState(f"namespace {ns.name!r} is {ns.state}, not ACTIVE")
+    return ns
+
+
+def set_namespace_state(conn: Connection, ns_id: bytes, state: str) -> None:
+    if state not in ("ACTIVE", "DISABLED"):
+        raise InvalidInput(f"namespace state {state!r} is invalid (allowed: ACTIVE, DISABLED)")
+    conn.execute(update(namespaces).where(namespaces.c.id == ns_id).values(state=state))
+
+
+# --- storages -----------------------------------------------------------------------------------
+
+
+def register_storage(conn: Connection, storage_id: bytes, label: str) -> None:
+    if len(label) > 128:
+        raise InvalidInput(f"label is {len(label)} characters long (allowed 0..128)")
+    if conn.execute(
+        select(archive_storages.c.storage_id).where(archive_storages.c.storage_id == storage_id)
+    ).first():
+        return  # re-registering the same identity is a no-op
+    conn.execute(insert(archive_storages).values(storage_id=storage_id, label=label))
+
+
+def storage_exists(conn: Connection, storage_id: bytes) -> bool:
+    return (
+        conn.execute(
+            select(archive_storages.c.storage_id).where(archive_storages.c.storage_id == storage_id)
+        ).first()
+        is not None
+    )
+
+
+def list_storages(conn: Connection) -> list[dict[str, Any]]:
+    rows = conn.execute(select(archive_storages).order_by(archive_storages.c.created_at)).all()
+    return [
+        {"storage_id": r.storage_id.hex(), "label": r.label, "created_at": r.created_at}
+        for r in rows
+    ]
+
+
+# --- retention policies (append-only revisions) -------------------------------------------------
+
+
+def add_policy_revision(
+    conn: Connection, ns_id: bytes, kind: str, archive_after_seconds: int, actor: str
+) -> int:
+    history_kind(kind)
+    if not MIN_ARCHIVE_AFTER <= archive_after_seconds <= MAX_ARCHIVE_AFTER:
+        raise InvalidInput(
+            f"--archive-after {archive_after_seconds}s is out of range "
+            f"(allowed {MIN_ARCHIVE_AFTER}s (1h)..{MAX_ARCHIVE_AFTER}s)"
+        )
+    require_active_namespace(conn, ns_id)
+    current = conn.execute(
+        select(func.max(archive_policies.c.revision)).where(
+            archive_policies.c.namespace_id == ns_id, archive_policies.c.kind == kind
+        )
+    ).scalar()
+    revision = int(current or 0) + 1
+    try:
+        conn.execute(
+            insert(archive_policies).values(
+                namespace_id=ns_id,
+                kind=kind,
+                revision=revision,
+                archive_after_seconds=archive_after_seconds,
+                created_by=actor[:128],
+            )
+        )
+    except IntegrityError:
+        raise ConflictError(
+            f"policy of {kind!r} changed concurrently (revision {revision} taken); retry"
+        ) from None
+    return revision
+
+
+def _policy(row: Any) -> Policy:
+    return Policy(
+        row.namespace_id,
+        row.kind,
+        int(row.revision),
+        int(row.archive_after_seconds),
+        row.created_at,
+        row.created_by,
+    )
+
+
+def latest_policy(conn: Connection, ns_id: bytes, kind: str) -> Policy | None:
+    row = conn.execute(
+        select(archive_policies)
+        .where(archive_policies.c.namespace_id == ns_id, archive_policies.c.kind == kind)
+        .order_by(archive_policies.c.revision.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else _policy(row)
+
+
+def get_policy(conn: Connection, ns_id: bytes, kind: str, revision: int) -> Policy | None:
+    row = conn.execute(
+        select(archive_policies).where(
+            archive_policies.c.namespace_id == ns_id,
+            archive_policies.c.kind == kind,
+            archive_policies.c.revision == revision,
+        )
+    ).first()
+    return None if row is None else _policy(row)
+
+
+# --- queues and credentials ---------------------------------------------------------------------
+
+
+def create_queue(conn: Connection, ns_id: bytes, name: str) -> bytes:
+    validate_name(name, "queue")
+    require_active_namespace(conn, ns_id)
+    if conn.execute(
+        select(queues.c.id).where(queues.c.namespace_id == ns_id, queues.c.name == name)
+    ).first():
+        raise ConflictError(f"queue {name!r} already exists in this namespace")
+    queue_id = new_id()
+    conn.execute(insert(queues).values(namespace_id=ns_id, id=queue_id, name=name))
+    return queue_id
+
+
+def list_queues(conn: Connection, ns_id: bytes) -> list[Queue]:
+    rows = conn.execute(
+        select(queues).where(queues.c.namespace_id == ns_id).order_by(queues.c.name)
+    ).all()
+    return [Queue(r.namespace_id, r.id, r.name) for r in rows]
+
+
+def resolve_queue(conn: Connection, ns_id: bytes, ref: str) -> Queue:
+    """A queue of ``ns_id`` by name or hex id."""
+    cond = queues.c.id == from_hex(ref) if is_hex_id(ref) else queues.c.name == ref
+    row = conn.execute(select(queues).where(queues.c.namespace_id == ns_id, cond)).first()
+    if row is None:
+        raise NotFound(f"queue {ref!r} does not exist in this namespace")
+    return Queue(row.namespace_id, row.id, row.name)
+
+
+def get_queue(conn: Connection, ns_id: bytes, queue_id: bytes) -> Queue | None:
+    row = conn.execute(
+        select(queues).where(queues.c.namespace_id == ns_id, queues.c.id == queue_id)
+    ).first()
+    return None if row is None else Queue(row.namespace_id, row.id, row.name)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def create_credential(
+    conn: Connection, ns_id: bytes, queue_refs: list[str] | None, label: str = ""
+) -> tuple[bytes, str]:
+    """Create an API token bound to ``ns_id`` (and a queue allow-list). Returns (id, token);
+    the token is shown once and only its SHA-256 is stored."""
+    require_active_namespace(conn, ns_id)
+    queue_ids: list[str] | None = None
+    if queue_refs is not None:
+        queue_ids = sorted({resolve_queue(conn, ns_id, q).id.hex() for q in queue_refs})
+    cred_id = new_id()
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    conn.execute(
+        insert(credentials).values(
+            id=cred_id,
+            namespace_id=ns_id,
+            token_sha256=token_digest(token),
+            queue_ids=None if queue_ids is None else json.dumps(queue_ids),
+            label=label[:128],
+        )
+    )
+    return cred_id, token
+
+
+def lookup_credential(conn: Connection, token: str) -> Credential | None:
+    """The active credential of ``token``, or None (unknown or revoked)."""
+    row = conn.execute(
+        select(credentials).where(
+            credentials.c.token_sha256 == token_digest(token), credentials.c.revoked_at.is_(None)
+        )
+    ).first()
+    if row is None:
+        return None
+    ids = (
+        None
+        if row.queue_ids is None
+        else tuple(bytes.fromhex(q) for q in json.loads(row.queue_ids))
+    )
+    return Credential(row.id, row.namespace_id, ids, row.label)
+
+
+def revoke_credential(conn: Connection, cred_id: bytes, now: datetime) -> None:
+    result = conn.execute(
+        update(credentials)
+        .where(credentials.c.id == cred_id, credentials.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    if result.rowcount != 1:
+        raise NotFound(f"credential {cred_id.hex()} does not exist or is already revoked")
+
+
+# --- audit log ----------------------------------------------------------------------------------
+
+
+def insert_audit(
+    conn: Connection,
+    ns_id: bytes,
+    *,
+    actor: str,
+    action: str,
+    target_kind: str,
+    target_id: str,
+    detail: dict[str, Any],
+    at: datetime | None = None,
+) -> bytes:
+    """One audit row in the caller's transaction. ``detail`` holds ids, states and numbers only."""
+    audit_id = new_id()
+    values: dict[str, Any] = dict(
+        namespace_id=ns_id,
+        id=audit_id,
+        actor=actor[:128],
+        action=action[:64],
+        target_kind=target_kind[:32],
+        target_id=target_id[:64],
+        detail_json=json.dumps(detail, sort_keys=True, separators=(",", ":"), default=str),
+    )
+    if at is not None:
+        values["created_at"] = at
+    conn.execute(insert(audit_events).values(**values))
+    return audit_id

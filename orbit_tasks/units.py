@@ -1,0 +1,46 @@
+"""Parsing of operator-facing sizes (``256MiB``) and durations (``30d``). Pure functions."""
+
+from __future__ import annotations
+
+import re
+
+from orbit_tasks.errors import InvalidInput
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
+_SIZE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, None: 1}
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])?\s*$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_size(text: str | int, what: str = "size") -> int:
+    """``'256MiB'`` -> 268435456. Accepts a bare integer (bytes) or B/KiB/MiB/GiB."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise InvalidInput(f"{what} {text!r} is not a size; use an integer with B, KiB, MiB or GiB")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+
+
+def parse_duration(text: str | int, what: str = "duration") -> int:
+    """``'30d'`` -> 2592000 seconds. Accepts a bare integer (seconds) or s/m/h/d."""
+    if isinstance(text, int):
+        return text
+    m = _DURATION.match(text)
+    if not m:
+        raise InvalidInput(f"{what} {text!r} is not a duration; use an integer with s, m, h or d")
+    return int(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+def format_size(n: int) -> str:
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return f"{n}B"
+
+
+def format_duration(seconds: int) -> str:
+    for unit, factor in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= factor and seconds % factor == 0:
+            return f"{seconds // factor}{unit}"
+    return f"{seconds}s"

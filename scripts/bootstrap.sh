@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what the project needs on a fresh Debian machine: system packages for mysqlclient,
+# a virtualenv in .venv, and the project with its dev extras. Idempotent and quiet when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+for pkg in libmariadb-dev pkg-config gcc; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "bootstrap: please install: ${missing[*]} (needs root)" >&2
+    exit 1
+  fi
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+stamp=.venv/.installed
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
+  .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v -i warning || true
+  .venv/bin/python -c "import orbit_tasks, MySQLdb, celery, sqlalchemy, alembic" 
+  touch "$stamp"
+fi

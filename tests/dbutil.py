@@ -1,0 +1,47 @@
+"""Helpers for tests that need real databases: throw-away MariaDB schemas and SQLite files."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, create_engine, text
+
+from orbit_tasks.db.engine import make_engine
+from orbit_tasks.db.migrate import upgrade
+
+MARIADB_SERVER_URL = os.environ.get("ORBIT_TEST_MARIADB_URL", "mysql+mysqldb://root@127.0.0.1:3306")
+REDIS_TEST_URL = os.environ.get(
+    "ORBIT_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{os.environ.get('ORBIT_TEST_REDIS_DB', '1')}"
+)
+
+
+def server_engine() -> Engine:
+    return create_engine(MARIADB_SERVER_URL + "/?charset=utf8mb4", isolation_level="AUTOCOMMIT")
+
+
+@contextmanager
+def mariadb_database(prefix: str = "orbit_t") -> Iterator[str]:
+    """Create an empty utf8mb4 database, yield its URL, drop it afterwards."""
+    name = f"{prefix}_{secrets.token_hex(5)}"
+    admin = server_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    try:
+        yield f"{MARIADB_SERVER_URL}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()
+
+
+@contextmanager
+def migrated_engine(url: str, chain: str) -> Iterator[Engine]:
+    engine = make_engine(url)
+    upgrade(engine, chain)  # type: ignore[arg-type]
+    try:
+        yield engine
+    finally:
+        engine.dispose()
