@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install services test test-fast lint typecheck fmt demo bench clean
+.PHONY: install services test test-fast lint typecheck fmt demo bench clean compose-check
 
 install:
 	@bash scripts/bootstrap.sh
@@ -40,3 +40,8 @@ bench: install services
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+
+## Validate compose/docker-compose.yml offline (installs Debian's docker-compose if missing).
+compose-check:
+	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)
+	docker-compose -f compose/docker-compose.yml config -q && echo "compose: valid"
