@@ -1,0 +1,164 @@
+"""Pure scheduling logic of archive plans (SPEC §4): config validation, coalescing, due decisions.
+
+No I/O here: every function receives ``now`` (the database clock, read by the store) and plain
+values, so the exact boundaries can be tested. Datetimes are naive UTC.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass
+
+from orbit_tasks.errors import InvalidInput
+from orbit_tasks.platform.history import HISTORY_KINDS
+from orbit_tasks.units import format_duration, format_size
+
+MIN_INTERVAL = 3600
+MAX_INTERVAL = 2592000
+MIN_BATCH = 1
+MAX_BATCH = 100
+MIN_MAX_BYTES = 1024**2
+MAX_MAX_BYTES = 1024**3
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """The operator-set values of a plan (what ``orbit plan set`` writes)."""
+
+    kind: str
+    interval_seconds: int
+    batch_size: int
+    max_bytes: int
+    policy_revision: int
+
+
+def validate_kind(kind: str) -> str:
+    if kind not in HISTORY_KINDS:
+        allowed = ", ".join(HISTORY_KINDS)
+        raise InvalidInput(f"kind {kind!r} is not a history kind (allowed: {allowed})")
+    return kind
+
+
+def _int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{what} {value!r} is not an integer")
+    return value
+
+
+def validate_interval(seconds: int) -> int:
+    seconds = _int(seconds, "--interval")
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
+        raise InvalidInput(
+            f"--interval {seconds}s is out of range (allowed {MIN_INTERVAL}..{MAX_INTERVAL} "
+            f"seconds, {format_duration(MIN_INTERVAL)}..{format_duration(MAX_INTERVAL)})"
+        )
+    return seconds
+
+
+def validate_batch_size(n: int) -> int:
+    n = _int(n, "--batch-size")
+    if not MIN_BATCH <= n <= MAX_BATCH:
+        raise InvalidInput(f"--batch-size {n} is out of range (allowed {MIN_BATCH}..{MAX_BATCH})")
+    return n
+
+
+def validate_max_bytes(n: int) -> int:
+    n = _int(n, "--max-bytes")
+    if not MIN_MAX_BYTES <= n <= MAX_MAX_BYTES:
+        raise InvalidInput(
+            f"--max-bytes {n} is out of range (allowed {MIN_MAX_BYTES}..{MAX_MAX_BYTES} bytes, "
+            f"{format_size(MIN_MAX_BYTES)}..{format_size(MAX_MAX_BYTES)})"
+        )
+    return n
+
+
+def validate_policy_revision(n: int) -> int:
+    n = _int(n, "--policy-revision")
+    if n < 1:
+        raise InvalidInput(f"--policy-revision {n} is out of range (allowed 1 or more)")
+    return n
+
+
+def validate_config(config: PlanConfig) -> PlanConfig:
+    """Check every value of ``config``; the first bad one raises InvalidInput naming its range."""
+    validate_kind(config.kind)
+    validate_interval(config.interval_seconds)
+    validate_batch_size(config.batch_size)
+    validate_max_bytes(config.max_bytes)
+    validate_policy_revision(config.policy_revision)
+    return config
+
+
+def next_after(next_run_at: dt.datetime, interval_seconds: int, now: dt.datetime) -> dt.datetime:
+    """The next run after a tick at ``now`` (missed runs coalesce into one, phase kept).
+
+    ``next_run_at + k * interval`` for the smallest k >= 0 with a result strictly later than
+    ``now``; a ``next_run_at`` already in the future is returned unchanged. Integer arithmetic on
+    microseconds, so the phase never drifts.
+    """
+    if interval_seconds <= 0:
+        raise InvalidInput(f"interval {interval_seconds} must be positive")
+    if next_run_at > now:
+        return next_run_at
+    step = dt.timedelta(seconds=interval_seconds)
+    k = (now - next_run_at) // step + 1
+    return next_run_at + k * step
+
+
+def is_due(enabled: bool, next_run_at: dt.datetime, now: dt.datetime) -> bool:
+    """A plan is due when it is enabled and ``next_run_at <= now`` (equality is due)."""
+    return bool(enabled) and next_run_at <= now
+
+
+def next_run_on_change(
+    was_enabled: bool | None,
+    enabled: bool,
+    current_next_run_at: dt.datetime | None,
+    now: dt.datetime,
+) -> dt.datetime:
+    """``next_run_at`` after an operator change.
+
+    ``was_enabled`` is None for a new plan. Every transition into enabled (a new enabled plan, or
+    disabled -> enabled) makes the plan due now ("first enable is due immediately"). Otherwise the
+    scheduled time is kept (an interval change applies from the next run on). A new disabled plan
+    gets ``now`` as a placeholder (the column is NOT NULL); enabling it later resets it to now.
+    """
+    if current_next_run_at is None or was_enabled is None:
+        return now
+    if enabled and not was_enabled:
+        return now
+    return current_next_run_at
+
+
+class TickAction(enum.Enum):
+    """What one tick does with one plan row."""
+
+    NOT_DUE = "not_due"
+    NAMESPACE_INACTIVE = "namespace_inactive"  # skipped; next_run_at advanced (coalesced)
+    POLICY_UNCONFIRMED = "policy_unconfirmed"  # no job; next_run_at NOT advanced
+    COALESCED = "coalesced"  # a job is still active; next_run_at advanced
+    CREATE_JOB = "create_job"  # new PENDING job; next_run_at advanced
+
+
+def tick_action(
+    *,
+    enabled: bool,
+    next_run_at: dt.datetime,
+    now: dt.datetime,
+    namespace_active: bool,
+    policy_revision: int,
+    latest_policy_revision: int | None,
+    active_job_id: bytes | None,
+) -> TickAction:
+    """The decision for one plan, in this order: not due, namespace inactive, policy
+    unconfirmed, job still active (coalesce), else create a job."""
+    if not is_due(enabled, next_run_at, now):
+        return TickAction.NOT_DUE
+    if not namespace_active:
+        return TickAction.NAMESPACE_INACTIVE
+    if latest_policy_revision is None or policy_revision != latest_policy_revision:
+        return TickAction.POLICY_UNCONFIRMED
+    if active_job_id is not None:
+        return TickAction.COALESCED
+    return TickAction.CREATE_JOB
