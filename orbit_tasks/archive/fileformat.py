@@ -1,0 +1,574 @@
+"""The archive file format ``orbit-archive/1`` (SPEC §6): encode, decode, verify. Pure: bytes in,
+bytes out, no I/O, no clock.
+
+Files of one job (``<volume>/<namespace_hex>/<job_hex>/``):
+
+* ``00000000-<sha256>.json``: the manifest, canonical JSON (:func:`build_manifest`).
+* ``<seq:08d>-<sha256>.jsonl.gz``, seq 1..N: batches (:func:`build_batch`). Line 1 is the header
+  ``{"format","job_id","seq","prev_sha256","roots","first","last","final"}``, then one
+  ``{"root":{..},"children":{table:[..]}}`` line per root in (settled, id) order.
+* ``<sha256>`` = lowercase hex SHA-256 of the file as stored. Link 0 = the manifest's hash; every
+  header's ``prev_sha256`` is the previous link; ``last_sha256`` in the job row is the last link.
+
+Decisions (document-worthy):
+
+* Every JSON text (manifest, each batch line) is canonical: sorted keys, separators ``,``/``:``,
+  raw UTF-8 (``ensure_ascii=False``), one ``\\n``. Decoders re-encode and require the same bytes,
+  so a file has exactly one valid spelling.
+* Values: bytes -> lowercase hex; datetime -> ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (naive = UTC,
+  aware is converted); str -> itself (JSON columns stay the stored text, numbers stay exact);
+  bool -> true/false; int -> integer; None -> null. float, Decimal and anything else raise
+  :class:`SourceInvalid` (no DECIMAL/FLOAT columns exist; a float would lose exactness).
+* Gzip is built here, not by :mod:`gzip`: fixed 10-byte header (no flags, so no file name;
+  mtime 0; XFL 0; OS 255) + raw deflate at level 6 + CRC32 + size. Identical input gives identical
+  bytes with the same zlib; ``zcat``/``gzip.decompress`` read it. Decoders require FLG 0 and
+  mtime 0, exactly one member and no trailing bytes.
+* Line splitting uses ``\\n`` only (never ``str.splitlines``, which would also split on
+  U+2028, U+001C...). ``json.dumps`` escapes newlines inside strings, so ``\\n`` ends a line.
+* An empty batch is never built (:func:`build_batch` raises ``ValueError``); an empty range is a
+  manifest with ``roots_total`` 0 and no batches.
+
+Verification API:
+
+* :func:`verify_chain` (files, expect) checks the confirmed chain 0..``expect.batches`` in full.
+  With ``expect.complete`` (job SUCCEEDED) any file beyond the chain is an error, the last batch
+  must be final and the roots must add up to the manifest's ``roots_total``. Without it, files
+  beyond the confirmed prefix are ignored and listed in ``VerifyReport.beyond``.
+* :func:`verify_prefix` (files, expect, full=False) is the runner's step 2: with ``full=False``
+  only the tail file (``tail_name(batches, last_sha256)``) is checked -- present, hashes to
+  ``last_sha256``, decodes, seq/job match -- so the caller may pass just that one file. With
+  ``full=True`` (after a takeover) it is :func:`verify_chain` with ``complete=False``.
+* Reports carry ``cursor`` = the (settled, id) of the last verified root (``None`` if none), the
+  point after which the next batch starts. ``first_bad_file`` names the first bad file in chain
+  order (a missing middle batch is named ``<seq>-*.jsonl.gz``); row totals that disagree with
+  correct files name the tail file; ``roots_total`` disagreement names the manifest.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import re
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from orbit_tasks.errors import OrbitError
+
+if TYPE_CHECKING:
+    from orbit_tasks.platform.history import HistoryKind
+
+FORMAT = "orbit-archive/1"
+GZIP_LEVEL = 6
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # magic, deflate, FLG 0, mtime 0, OS ?
+MANIFEST_KEYS = frozenset(
+    {
+        "format",
+        "namespace_id",
+        "job_id",
+        "kind",
+        "plan_revision",
+        "policy_revision",
+        "storage_id",
+        "batch_size",
+        "range",
+        "roots_total",
+        "source",
+        "created_at",
+    }
+)
+HEADER_KEYS = frozenset(
+    {"format", "job_id", "seq", "prev_sha256", "roots", "first", "last", "final"}
+)
+MAX_SEQ = 99_999_999
+
+_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^(\d{8})-([0-9a-f]{64})\.(json|jsonl\.gz)$")
+
+
+class SourceInvalid(OrbitError):
+    """A source row value cannot be encoded exactly (job error code ``SOURCE_INVALID``)."""
+
+
+class FormatError(OrbitError):
+    """Bytes that are not a valid ``orbit-archive/1`` manifest or batch."""
+
+
+# --------------------------------------------------------------------------- values and names
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, ``,``/``:`` separators, raw UTF-8, one trailing newline."""
+    try:
+        text = json.dumps(
+            obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+        return text.encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        raise SourceInvalid("text is not encodable as UTF-8 (lone surrogate)") from None
+    except (TypeError, ValueError) as exc:
+        reason = type(exc).__name__
+        raise SourceInvalid(f"value not encodable as canonical JSON: {reason}") from None
+
+
+def format_ts(dt: datetime) -> str:
+    """``YYYY-MM-DDTHH:MM:SS.ffffffZ``; naive datetimes are UTC, aware ones are converted."""
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(UTC).replace(tzinfo=None)
+    return (
+        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T"
+        f"{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}.{dt.microsecond:06d}Z"
+    )
+
+
+def parse_ts(s: str) -> datetime:
+    """Inverse of :func:`format_ts`; returns a naive UTC datetime. Strict: raises FormatError."""
+    if not isinstance(s, str) or not _TS.match(s):
+        raise FormatError("timestamp is not YYYY-MM-DDTHH:MM:SS.ffffffZ")
+    try:
+        return datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        raise FormatError("timestamp is not a valid date and time") from None
+
+
+def encode_value(value: Any) -> Any:
+    """One database value as a JSON value (see the module docstring)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SourceInvalid("text is not encodable as UTF-8 (lone surrogate)") from None
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if isinstance(value, datetime):
+        return format_ts(value)
+    raise SourceInvalid(f"values of type {type(value).__name__} cannot be encoded exactly")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class ParsedName(NamedTuple):
+    seq: int
+    sha256: str
+    is_manifest: bool
+
+
+def manifest_name(sha: str) -> str:
+    _check_sha(sha)
+    return f"00000000-{sha}.json"
+
+
+def batch_name(seq: int, sha: str) -> str:
+    _check_sha(sha)
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ:
+        raise ValueError(f"batch seq {seq!r} out of range 1..{MAX_SEQ}")
+    return f"{seq:08d}-{sha}.jsonl.gz"
+
+
+def tail_name(batches: int, last_sha256: str) -> str:
+    """Name of the confirmed tail: the manifest when ``batches == 0``, else batch ``batches``."""
+    return manifest_name(last_sha256) if batches == 0 else batch_name(batches, last_sha256)
+
+
+def parse_name(name: str) -> ParsedName | None:
+    """``ParsedName`` for a manifest/batch name, ``None`` for anything else (temp files...)."""
+    m = _NAME.match(name)
+    if not m:
+        return None
+    seq, sha, ext = int(m.group(1)), m.group(2), m.group(3)
+    if seq == 0 and ext == "json":
+        return ParsedName(0, sha, True)
+    if seq >= 1 and ext == "jsonl.gz":
+        return ParsedName(seq, sha, False)
+    return None
+
+
+def _check_sha(sha: str) -> None:
+    if not isinstance(sha, str) or not _HEX64.match(sha):
+        raise ValueError("sha256 must be 64 lowercase hex characters")
+
+
+def _hex_id(value: bytes, what: str) -> str:
+    if not isinstance(value, bytes | bytearray) or len(value) != 16:
+        raise ValueError(f"{what} must be 16 bytes")
+    return bytes(value).hex()
+
+
+def _int(value: Any, what: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{what} {value!r} must be an integer >= {low}")
+    return value
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def source_descriptor(kind: HistoryKind) -> dict[str, Any]:
+    """The manifest's ``source`` object for a history kind of the registry."""
+    return {
+        "table": kind.root.name,
+        "settled_column": kind.settled_column,
+        "children": [
+            {"table": c.table.name, "parent_column": c.parent_column} for c in kind.children
+        ],
+    }
+
+
+def build_manifest(
+    *,
+    namespace_id: bytes,
+    job_id: bytes,
+    kind: str,
+    plan_revision: int,
+    policy_revision: int,
+    storage_id: bytes,
+    batch_size: int,
+    range_from: datetime | None,
+    range_until: datetime,
+    roots_total: int,
+    source: Mapping[str, Any],
+    created_at: datetime,
+) -> bytes:
+    """The manifest bytes (canonical JSON). Raises ``ValueError`` on malformed arguments."""
+    doc = {
+        "format": FORMAT,
+        "namespace_id": _hex_id(namespace_id, "namespace_id"),
+        "job_id": _hex_id(job_id, "job_id"),
+        "kind": kind,
+        "plan_revision": _int(plan_revision, "plan_revision", 1),
+        "policy_revision": _int(policy_revision, "policy_revision", 1),
+        "storage_id": _hex_id(storage_id, "storage_id"),
+        "batch_size": _int(batch_size, "batch_size", 1),
+        "range": {
+            "from": None if range_from is None else format_ts(range_from),
+            "until": format_ts(range_until),
+        },
+        "roots_total": _int(roots_total, "roots_total", 0),
+        "source": dict(source),
+        "created_at": format_ts(created_at),
+    }
+    data = canonical_json(doc)
+    try:
+        decode_manifest(data)
+    except FormatError as exc:
+        raise ValueError(f"manifest arguments are invalid: {exc}") from None
+    return data
+
+
+def _loads_canonical(raw: bytes, what: str) -> Any:
+    try:
+        obj = json.loads(
+            raw.decode("utf-8"), parse_float=_reject_float, parse_constant=_reject_float
+        )
+    except (UnicodeDecodeError, ValueError):
+        raise FormatError(f"{what} is not UTF-8 JSON") from None
+    try:
+        again = canonical_json(obj)
+    except SourceInvalid:
+        raise FormatError(f"{what} is not canonical JSON") from None
+    if again != raw:
+        raise FormatError(f"{what} is not canonical JSON")
+    return obj
+
+
+def _reject_float(text: str) -> Any:
+    raise ValueError("non-integer number")
+
+
+def _need(cond: bool, reason: str) -> None:
+    if not cond:
+        raise FormatError(reason)
+
+
+def _is_int(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _is_ts(v: Any) -> bool:
+    try:
+        parse_ts(v)
+    except FormatError:
+        return False
+    return True
+
+
+def decode_manifest(data: bytes) -> dict[str, Any]:
+    """Parse and validate a manifest; raises :class:`FormatError` naming what is wrong."""
+    doc = _loads_canonical(data, "manifest")
+    _need(isinstance(doc, dict), "manifest is not a JSON object")
+    _need(set(doc) == MANIFEST_KEYS, "manifest keys differ from orbit-archive/1")
+    _need(doc["format"] == FORMAT, "manifest format is not orbit-archive/1")
+    for key in ("namespace_id", "job_id", "storage_id"):
+        _need(isinstance(doc[key], str) and bool(_HEX32.match(doc[key])), f"manifest {key} bad")
+    _need(isinstance(doc["kind"], str) and doc["kind"] != "", "manifest kind bad")
+    for key in ("plan_revision", "policy_revision", "batch_size"):
+        _need(_is_int(doc[key], 1), f"manifest {key} bad")
+    _need(_is_int(doc["roots_total"]), "manifest roots_total bad")
+    rng = doc["range"]
+    _need(isinstance(rng, dict) and set(rng) == {"from", "until"}, "manifest range bad")
+    _need(rng["from"] is None or _is_ts(rng["from"]), "manifest range.from bad")
+    _need(_is_ts(rng["until"]), "manifest range.until bad")
+    _need(_is_ts(doc["created_at"]), "manifest created_at bad")
+    src = doc["source"]
+    _need(
+        isinstance(src, dict) and set(src) == {"table", "settled_column", "children"},
+        "manifest source bad",
+    )
+    _need(isinstance(src["table"], str) and isinstance(src["settled_column"], str), "source bad")
+    _need(isinstance(src["children"], list), "manifest source.children bad")
+    for child in src["children"]:
+        _need(
+            isinstance(child, dict)
+            and set(child) == {"table", "parent_column"}
+            and all(isinstance(v, str) for v in child.values()),
+            "manifest source.children entry bad",
+        )
+    return doc
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclass(frozen=True)
+class RootRecord:
+    """One root row and its children: raw DB values (column -> value); ``children`` keyed by child
+    table name (every child table of the kind, possibly empty), rows in a deterministic order."""
+
+    root: Mapping[str, Any]
+    children: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    header: dict[str, Any]
+    lines: list[dict[str, Any]]
+
+
+def _encode_row(row: Mapping[str, Any], table: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for col, value in row.items():
+        try:
+            out[str(col)] = encode_value(value)
+        except SourceInvalid as exc:
+            raise SourceInvalid(f"{table}.{col}: {exc}") from None
+    return out
+
+
+def _gzip(payload: bytes) -> bytes:
+    comp = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY)
+    body = comp.compress(payload) + comp.flush()
+    trailer = struct.pack("<II", zlib.crc32(payload) & 0xFFFFFFFF, len(payload) & 0xFFFFFFFF)
+    return _GZIP_HEADER + body + trailer
+
+
+def _gunzip(data: bytes) -> bytes:
+    _need(len(data) >= 18 and data[:3] == b"\x1f\x8b\x08", "batch is not gzip (deflate)")
+    _need(data[3] == 0, "batch gzip header has flags (file name, comment or extra)")
+    _need(data[4:8] == b"\x00\x00\x00\x00", "batch gzip mtime is not 0")
+    dec = zlib.decompressobj(-zlib.MAX_WBITS)
+    try:
+        payload = dec.decompress(data[10:]) + dec.flush()
+    except zlib.error:
+        raise FormatError("batch gzip stream is corrupt") from None
+    _need(dec.eof, "batch gzip stream is truncated")
+    _need(len(dec.unused_data) == 8, "batch gzip has trailing bytes or a bad trailer")
+    crc, size = struct.unpack("<II", dec.unused_data)
+    _need(crc == zlib.crc32(payload) & 0xFFFFFFFF, "batch gzip CRC mismatch")
+    _need(size == len(payload) & 0xFFFFFFFF, "batch gzip size mismatch")
+    return payload
+
+
+def _root_key(root: Mapping[str, Any], settled_column: str) -> tuple[str, str]:
+    settled, rid = root.get(settled_column), root.get("id")
+    if not isinstance(settled, datetime):
+        raise SourceInvalid(f"root {settled_column} is not a datetime (unsettled root?)")
+    if not isinstance(rid, bytes | bytearray) or len(rid) != 16:
+        raise SourceInvalid("root id is not 16 bytes")
+    return format_ts(settled), bytes(rid).hex()
+
+
+def build_batch(
+    *,
+    job_id: bytes,
+    seq: int,
+    prev_sha256: str,
+    records: Sequence[RootRecord],
+    settled_column: str,
+    final: bool,
+) -> bytes:
+    """Batch file bytes. ``records`` must be non-empty, in strictly increasing (settled, id)
+    order, all with the same child tables. Raises :class:`SourceInvalid` for unencodable values,
+    ``ValueError`` for malformed arguments (empty batch, bad seq/hash, order)."""
+    if not records:
+        raise ValueError("a batch needs at least one root (empty ranges have no batches)")
+    _check_sha(prev_sha256)
+    batch_name(seq, prev_sha256)  # validates seq
+    keys = [_root_key(r.root, settled_column) for r in records]
+    if any(a >= b for a, b in zip(keys, keys[1:], strict=False)):
+        raise ValueError("roots are not in strictly increasing (settled, id) order")
+    tables = set(records[0].children)
+    lines = []
+    for rec in records:
+        if set(rec.children) != tables:
+            raise ValueError("every root of a batch must list the same child tables")
+        children = {
+            t: [_encode_row(row, t) for row in rows] for t, rows in sorted(rec.children.items())
+        }
+        lines.append(canonical_json({"root": _encode_row(rec.root, "root"), "children": children}))
+    header = {
+        "format": FORMAT,
+        "job_id": _hex_id(job_id, "job_id"),
+        "seq": seq,
+        "prev_sha256": prev_sha256,
+        "roots": len(records),
+        "first": list(keys[0]),
+        "last": list(keys[-1]),
+        "final": bool(final),
+    }
+    return _gzip(canonical_json(header) + b"".join(lines))
+
+
+def _is_key(v: Any) -> bool:
+    return (
+        isinstance(v, list)
+        and len(v) == 2
+        and _is_ts(v[0])
+        and isinstance(v[1], str)
+        and bool(_HEX32.match(v[1]))
+    )
+
+
+def decode_batch(data: bytes, *, settled_column: str | None = None) -> DecodedBatch:
+    """Parse and validate a batch file. Structural checks always; with ``settled_column`` also
+    every root's key, strict (settled, id) order and that ``first``/``last`` match the lines."""
+    payload = _gunzip(data)
+    _need(payload.endswith(b"\n"), "batch does not end with a newline")
+    raw_lines = payload[:-1].split(b"\n")
+    header = _loads_canonical(raw_lines[0] + b"\n", "batch header")
+    _need(isinstance(header, dict) and set(header) == HEADER_KEYS, "batch header keys differ")
+    _need(header["format"] == FORMAT, "batch format is not orbit-archive/1")
+    _need(isinstance(header["job_id"], str) and bool(_HEX32.match(header["job_id"])), "job_id bad")
+    _need(_is_int(header["seq"], 1) and header["seq"] <= MAX_SEQ, "batch header seq bad")
+    prev = header["prev_sha256"]
+    _need(isinstance(prev, str) and bool(_HEX64.match(prev)), "batch header prev_sha256 bad")
+    _need(_is_int(header["roots"], 1), "batch header roots bad")
+    _need(_is_key(header["first"]) and _is_key(header["last"]), "batch header first/last bad")
+    _need(isinstance(header["final"], bool), "batch header final bad")
+    _need(tuple(header["first"]) <= tuple(header["last"]), "batch header first > last")
+    _need(header["roots"] > 1 or header["first"] == header["last"], "batch first != last")
+    _need(len(raw_lines) - 1 == header["roots"], "batch line count differs from header roots")
+    lines: list[dict[str, Any]] = []
+    for raw in raw_lines[1:]:
+        line = _loads_canonical(raw + b"\n", "batch line")
+        _need(isinstance(line, dict) and set(line) == {"root", "children"}, "batch line keys bad")
+        _need(isinstance(line["root"], dict), "batch line root bad")
+        kids = line["children"]
+        _need(isinstance(kids, dict), "batch line children bad")
+        for rows in kids.values():
+            _need(isinstance(rows, list) and all(isinstance(r, dict) for r in rows), "child bad")
+        lines.append(line)
+    if settled_column is not None:
+        keys = [(ln["root"].get(settled_column), ln["root"].get("id")) for ln in lines]
+        for k in keys:
+            _need(_is_key(list(k)), "root settled/id value bad")
+        _need(all(a < b for a, b in zip(keys, keys[1:], strict=False)), "roots out of order")
+        _need(list(keys[0]) == header["first"], "batch header first differs from first root")
+        _need(list(keys[-1]) == header["last"], "batch header last differs from last root")
+    return DecodedBatch(header, lines)
+
+
+def batch_cursor(header: Mapping[str, Any]) -> tuple[datetime, bytes]:
+    """The header's ``last`` as (settled, id): the next batch starts strictly after it."""
+    ts, rid = header["last"]
+    return parse_ts(ts), bytes.fromhex(rid)
+
+
+# --------------------------------------------------------------------------- chain verification
+
+
+@dataclass(frozen=True)
+class ChainExpectation:
+    """What the job row says (the chain is checked against it). ``complete`` = job SUCCEEDED.
+    ``range`` = (from, until) recomputed from the database, or ``None`` to not compare it."""
+
+    namespace_id: bytes
+    job_id: bytes
+    kind: str
+    storage_id: bytes
+    batch_size: int
+    plan_revision: int
+    policy_revision: int
+    batches: int
+    roots: int
+    bytes: int
+    last_sha256: str
+    complete: bool = False
+    range: tuple[datetime | None, datetime] | None = None
+
+    @classmethod
+    def from_job_row(
+        cls, row: Mapping[str, Any], *, range: tuple[datetime | None, datetime] | None = None
+    ) -> ChainExpectation:
+        """From an ``orbit_archive_jobs`` row mapping (``complete`` iff state is SUCCEEDED)."""
+        return cls(
+            namespace_id=bytes(row["namespace_id"]),
+            job_id=bytes(row["id"]),
+            kind=str(row["kind"]),
+            storage_id=bytes(row["storage_id"]),
+            batch_size=int(row["batch_size"]),
+            plan_revision=int(row["plan_revision"]),
+            policy_revision=int(row["policy_revision"]),
+            batches=int(row["batches"]),
+            roots=int(row["roots"]),
+            bytes=int(row["bytes"]),
+            last_sha256=str(row["last_sha256"]),
+            complete=row["state"] == "SUCCEEDED",
+            range=range,
+        )
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of a verification. Counts cover the files verified before the first problem.
+    ``cursor`` = (settled, id) of the last verified root; ``beyond`` = names past the confirmed
+    prefix that were ignored (only when the job is not complete)."""
+
+    ok: bool
+    first_bad_file: str | None
+    reason: str | None
+    batches: int
+    roots: int
+    bytes: int
+    last_sha256: str
+    final: bool
+    cursor: tuple[datetime, builtins.bytes] | None = None
+    beyond: tuple[str, ...] = ()
+
+
+def verify_chain(files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation) -> VerifyReport:
+    """Verify a whole chain given (name, bytes) pairs in any order (see the module docstring)."""
+    from orbit_tasks.archive import chain
+
+    return chain.verify_chain(files, expect=expect)
+
+
+def verify_prefix(
+    files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation, full: bool = False
+) -> VerifyReport:
+    """The runner's step 2: the tail only (``full=False``) or the whole confirmed prefix."""
+    from orbit_tasks.archive import chain
+
+    return chain.verify_prefix(files, expect=expect, full=full)
