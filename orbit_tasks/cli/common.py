@@ -92,3 +92,10 @@ DURATION = DurationParam()
 def fail(message: str, code: int = 1) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def iso_utc(value: Any) -> Any:
+    """A naive-UTC ``datetime`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (other values unchanged)."""
+    if hasattr(value, "strftime"):
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value

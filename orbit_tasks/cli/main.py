@@ -15,6 +15,12 @@ from orbit_tasks.cli.common import OrbitGroup
 COMMAND_MODULES = [
     "db",
     "sender",
+    "namespace",
+    "storage",
+    "policy",
+    "queue",
+    "credential",
+    "dev",
 ]
 
 

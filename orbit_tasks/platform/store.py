@@ -225,6 +225,19 @@ def get_policy(conn: Connection, ns_id: bytes, kind: str, revision: int) -> Poli
     return None if row is None else _policy(row)
 
 
+def list_policies(conn: Connection, ns_id: bytes, kind: str | None = None) -> list[Policy]:
+    """Every revision of the namespace's policies (of one kind), oldest first per kind."""
+    cond = [archive_policies.c.namespace_id == ns_id]
+    if kind is not None:
+        cond.append(archive_policies.c.kind == kind)
+    rows = conn.execute(
+        select(archive_policies)
+        .where(*cond)
+        .order_by(archive_policies.c.kind, archive_policies.c.revision)
+    ).all()
+    return [_policy(r) for r in rows]
+
+
 # --- queues and credentials ---------------------------------------------------------------------
 
 
@@ -315,6 +328,39 @@ def revoke_credential(conn: Connection, cred_id: bytes, now: datetime) -> None:
     )
     if result.rowcount != 1:
         raise NotFound(f"credential {cred_id.hex()} does not exist or is already revoked")
+
+
+def credential_namespace(conn: Connection, cred_id: bytes) -> bytes | None:
+    """The namespace a credential belongs to (revoked or not), or None if it does not exist."""
+    row = conn.execute(
+        select(credentials.c.namespace_id).where(credentials.c.id == cred_id)
+    ).first()
+    return None if row is None else bytes(row.namespace_id)
+
+
+def list_credentials(conn: Connection, ns_id: bytes) -> list[dict[str, Any]]:
+    """Credentials of a namespace (never the token: only its id, label, queues and dates)."""
+    rows = conn.execute(
+        select(
+            credentials.c.id,
+            credentials.c.label,
+            credentials.c.queue_ids,
+            credentials.c.created_at,
+            credentials.c.revoked_at,
+        )
+        .where(credentials.c.namespace_id == ns_id)
+        .order_by(credentials.c.created_at, credentials.c.id)
+    ).all()
+    return [
+        {
+            "id": r.id.hex(),
+            "label": r.label,
+            "queues": None if r.queue_ids is None else json.loads(r.queue_ids),
+            "created_at": r.created_at,
+            "revoked_at": r.revoked_at,
+        }
+        for r in rows
+    ]
 
 
 # --- audit log ----------------------------------------------------------------------------------

@@ -1,0 +1,130 @@
+"""``orbit credential create|list|revoke``: API tokens for the platform API.
+
+A token is printed once, at creation; the database keeps only its SHA-256. A credential acts in
+one namespace and, with ``--queues``, only on those queues.
+"""
+
+from __future__ import annotations
+
+import click
+
+from orbit_tasks.cli.common import emit, emit_table, iso_utc, json_option
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.errors import InvalidInput, NotFound
+from orbit_tasks.ids import from_hex
+from orbit_tasks.platform import store
+from orbit_tasks.settings import get_settings
+
+MAX_LABEL = 128
+
+
+@click.group("credential")
+def credential_group() -> None:
+    """API credentials (tokens stored as SHA-256)."""
+
+
+def _queue_refs(raw: str | None) -> list[str] | None:
+    if raw is None:
+        return None
+    refs = [q.strip() for q in raw.split(",")]
+    if not refs or any(not q for q in refs):
+        raise InvalidInput(
+            f"--queues {raw!r} has an empty entry (allowed: comma-separated queue names or ids)"
+        )
+    return refs
+
+
+@credential_group.command("create")
+@click.argument("ns")
+@click.option(
+    "--queues",
+    default=None,
+    help="Comma-separated queue names or ids the token may use (default: every queue).",
+)
+@click.option("--label", default="", help=f"Human label (0..{MAX_LABEL} characters).")
+@json_option
+def credential_create(ns: str, queues: str | None, label: str, as_json: bool) -> None:
+    """Create a token for NS; prints its id and the token (shown only this once)."""
+    refs = _queue_refs(queues)
+    if len(label) > MAX_LABEL:
+        raise InvalidInput(f"--label is {len(label)} characters long (allowed 0..{MAX_LABEL})")
+    with platform_engine().begin() as conn:
+        namespace = store.resolve_namespace(conn, ns)
+        cred_id, token = store.create_credential(conn, namespace.id, refs, label)
+        queue_ids = (
+            None
+            if refs is None
+            else sorted({store.resolve_queue(conn, namespace.id, q).id.hex() for q in refs})
+        )
+        store.insert_audit(
+            conn,
+            namespace.id,
+            actor=get_settings().actor,
+            action="credential.create",
+            target_kind="credential",
+            target_id=cred_id.hex(),
+            detail={"queues": queue_ids, "label": label},
+        )
+    data = {
+        "id": cred_id.hex(),
+        "token": token,
+        "namespace_id": namespace.id.hex(),
+        "queues": queue_ids,
+    }
+    emit(
+        data,
+        as_json,
+        f"id:    {cred_id.hex()}\ntoken: {token}\n(the token is shown only once; store it now)",
+    )
+
+
+@credential_group.command("list")
+@click.argument("ns")
+@json_option
+def credential_list(ns: str, as_json: bool) -> None:
+    """List the credentials of NS (ids, labels, queues, dates; never tokens)."""
+    with platform_engine().begin() as conn:
+        namespace = store.resolve_namespace(conn, ns)
+        rows = store.list_credentials(conn, namespace.id)
+    for r in rows:
+        r["created_at"], r["revoked_at"] = iso_utc(r["created_at"]), iso_utc(r["revoked_at"])
+    if as_json:
+        emit(rows, True)
+    else:
+        for r in rows:
+            r["queues"] = "*" if r["queues"] is None else ",".join(r["queues"])
+            r["revoked_at"] = r["revoked_at"] or "-"
+        emit_table(rows, ["id", "label", "queues", "created_at", "revoked_at"])
+
+
+@credential_group.command("revoke")
+@click.argument("credential_id", metavar="ID")
+@json_option
+def credential_revoke(credential_id: str, as_json: bool) -> None:
+    """Revoke credential ID (hex). Exit 4 if it does not exist or is already revoked."""
+    cred_id = from_hex(credential_id, "credential id")
+    with platform_engine().begin() as conn:
+        ns_id = store.credential_namespace(conn, cred_id)
+        if ns_id is None:
+            raise NotFound(f"credential {credential_id} does not exist")
+        now = db_now(conn)
+        store.revoke_credential(conn, cred_id, now)
+        store.insert_audit(
+            conn,
+            ns_id,
+            actor=get_settings().actor,
+            action="credential.revoke",
+            target_kind="credential",
+            target_id=cred_id.hex(),
+            detail={},
+        )
+    emit(
+        {"id": cred_id.hex(), "revoked_at": iso_utc(now)},
+        as_json,
+        f"credential {cred_id.hex()} revoked",
+    )
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(credential_group)

@@ -1,0 +1,109 @@
+"""``orbit storage init|list``: archive volumes and their registry.
+
+``storage init PATH`` writes ``PATH/.orbit-volume.json`` with a new storage id (UUIDv7) and then
+registers that id in the platform database. The file comes first: a crash between the two steps
+leaves a volume whose identity the next ``storage init PATH`` registers. On a path that already
+holds an identity the command does not create a new one:
+
+- identity registered in this database: prints it (idempotent, exit 0);
+- identity not registered here (an operator re-attaching a volume, or the crash above):
+  registers it and prints it (exit 0);
+- ``--label`` given and different from the label in the file: exit 3 (you are probably looking
+  at another disk than you think); unreadable or foreign identity file: exit 2.
+
+A volume may not lie inside another volume (a parent directory holding an identity): exit 3,
+because job directories of the two would overlap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.cli.common import emit, emit_table, iso_utc, json_option
+from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.errors import ConflictError, InvalidInput
+from orbit_tasks.ids import new_id
+from orbit_tasks.platform import store
+
+MAX_LABEL = 128
+
+
+@click.group("storage")
+def storage_group() -> None:
+    """Archive volumes (storages)."""
+
+
+def _enclosing_volume(root: Path) -> Path | None:
+    for parent in root.parents:
+        if (parent / IDENTITY_FILE).exists():
+            return parent
+    return None
+
+
+@storage_group.command("init")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--label", default=None, help=f"Human label (0..{MAX_LABEL} characters).")
+@json_option
+def storage_init(path: Path, label: str | None, as_json: bool) -> None:
+    """Make PATH an archive volume: write its identity file and register it. Prints the id."""
+    if label is not None and len(label) > MAX_LABEL:
+        raise InvalidInput(f"--label is {len(label)} characters long (allowed 0..{MAX_LABEL})")
+    root = path.resolve()
+    if root.exists() and not root.is_dir():
+        raise InvalidInput(f"{root} is not a directory")
+    outer = _enclosing_volume(root)
+    if outer is not None:
+        raise ConflictError(
+            f"{root} lies inside the archive volume {outer} "
+            f"(storage {read_identity(outer).storage_id.hex()}); volumes cannot nest"
+        )
+    if (root / IDENTITY_FILE).exists():
+        ident = read_identity(root)
+        if label is not None and label != ident.label:
+            raise ConflictError(
+                f"{root} already holds storage {ident.storage_id.hex()} labelled "
+                f"{ident.label!r}, not {label!r}; refusing to create another identity"
+            )
+        with platform_engine().begin() as conn:
+            registered = store.storage_exists(conn, ident.storage_id)
+            if not registered:
+                store.register_storage(conn, ident.storage_id, ident.label)
+        storage_id, final_label = ident.storage_id, ident.label
+        status = "existing" if registered else "registered"
+    else:
+        storage_id, final_label = new_id(), label or ""
+        write_identity(root, storage_id, final_label)  # file first, then the database
+        with platform_engine().begin() as conn:
+            store.register_storage(conn, storage_id, final_label)
+        status = "created"
+    data = {
+        "id": storage_id.hex(),
+        "label": final_label,
+        "path": str(root),
+        "status": status,
+    }
+    if status != "created" and not as_json:
+        click.echo(f"{root} already holds storage {storage_id.hex()} ({status})", err=True)
+    emit(data, as_json, storage_id.hex())
+
+
+@storage_group.command("list")
+@json_option
+def storage_list(as_json: bool) -> None:
+    """List registered storages (id, label, created_at)."""
+    with platform_engine().begin() as conn:
+        rows = [
+            {"id": s["storage_id"], "label": s["label"], "created_at": iso_utc(s["created_at"])}
+            for s in store.list_storages(conn)
+        ]
+    if as_json:
+        emit(rows, True)
+    else:
+        emit_table(rows, ["id", "label", "created_at"])
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(storage_group)
