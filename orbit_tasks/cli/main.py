@@ -15,6 +15,7 @@ from orbit_tasks.cli.common import OrbitGroup
 COMMAND_MODULES = [
     "db",
     "sender",
+    "api",
     "namespace",
     "storage",
     "policy",

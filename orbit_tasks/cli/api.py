@@ -1,0 +1,50 @@
+"""``orbit api serve``: run the reference platform API (uvicorn, one process)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from orbit_tasks.db.registry import platform_engine
+
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+
+
+@click.group("api")
+def api_group() -> None:
+    """Reference platform API (task submission with idempotency keys)."""
+
+
+@api_group.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port (1..65535).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    default="info",
+    show_default=True,
+    help="Level of the server's and the API's log lines.",
+)
+def serve(host: str, port: int, log_level: str) -> None:
+    """Serve the API against the platform database (ORBIT_DATABASE_URL) until interrupted.
+
+    Access log lines carry method, path and status only; tokens, idempotency keys and request
+    bodies are never logged."""
+    import uvicorn
+
+    from orbit_tasks.api.app import create_app
+
+    logging.getLogger("orbit_tasks").setLevel(log_level.upper())
+    app = create_app(platform_engine())
+    uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(api_group)
