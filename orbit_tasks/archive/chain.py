@@ -6,7 +6,7 @@ Public entry points are re-exported by :mod:`orbit_tasks.archive.fileformat` (``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,14 +24,25 @@ from orbit_tasks.archive.fileformat import (
     tail_name,
 )
 
-_File = tuple[str, ParsedName, bytes]
-
 
 class _Bad(Exception):
     def __init__(self, name: str | None, reason: str) -> None:
         super().__init__(reason)
         self.name = name
         self.reason = reason
+
+
+FileData = bytes | Callable[[], bytes]
+"""File contents, or a loader called when needed (so a verifier holds one file at a time)."""
+_File = tuple[str, ParsedName, FileData]
+
+
+def _load(data: FileData, name: str = "") -> bytes:
+    """Contents of a file; a loader's ``OSError`` (vanished, unreadable) is a bad file."""
+    try:
+        return data() if callable(data) else data
+    except OSError:
+        raise _Bad(name, "file cannot be read (missing or unreadable)") from None
 
 
 @dataclass
@@ -68,8 +79,8 @@ def _missing_name(seq: int, groups: dict[int, list[_File]] | None = None) -> str
     """Name of a missing file: exact when a successor's header names it, else a pattern."""
     for _, _, data in (groups or {}).get(seq + 1, []):
         try:
-            prev = decode_batch(data).header["prev_sha256"]
-        except FormatError:
+            prev = decode_batch(_load(data)).header["prev_sha256"]
+        except (FormatError, _Bad):
             continue
         return tail_name(seq, prev)
     return "00000000-*.json" if seq == 0 else f"{seq:08d}-*.jsonl.gz"
@@ -143,9 +154,7 @@ def _check_batch(
     return h, (str(last[0]), str(last[1]))
 
 
-def _parse_all(
-    files: Sequence[tuple[str, bytes]],
-) -> dict[int, list[_File]]:
+def _parse_all(files: Sequence[tuple[str, FileData]]) -> dict[int, list[_File]]:
     groups: dict[int, list[_File]] = {}
     for name, data in sorted(files, key=lambda f: f[0]):
         parsed = parse_name(name)
@@ -170,16 +179,18 @@ def _check_row(expect: ChainExpectation) -> None:
 
 def _step(
     seq: int, f: _File, st: _State, expect: ChainExpectation
-) -> tuple[dict[str, Any], tuple[str, str] | None]:
-    name, parsed, data = f
+) -> tuple[dict[str, Any], tuple[str, str] | None, int]:
+    name, parsed, source = f
+    data = _load(source, name)
     if sha256_hex(data) != parsed.sha256:
         raise _Bad(name, "contents do not hash to the sha256 in the name")
     if seq == 0:
-        return _check_manifest(name, data, expect), None
-    return _check_batch(seq, name, data, st, expect)
+        return _check_manifest(name, data, expect), None, len(data)
+    header, key = _check_batch(seq, name, data, st, expect)
+    return header, key, len(data)
 
 
-def _walk(files: Sequence[tuple[str, bytes]], expect: ChainExpectation, st: _State) -> None:
+def _walk(files: Sequence[tuple[str, FileData]], expect: ChainExpectation, st: _State) -> None:
     _check_row(expect)
     groups = _parse_all(files)
     last = -1 if expect.last_sha256 == "" else expect.batches
@@ -193,15 +204,15 @@ def _walk(files: Sequence[tuple[str, bytes]], expect: ChainExpectation, st: _Sta
             raise _Bad(wanted or _missing_name(seq, groups), f"chain file {seq} is missing")
         # The row names the tail; for other seqs prefer the candidate that fits the chain.
         order = sorted(cands, key=lambda f: (f[0] != wanted, f[0]))
-        chosen: tuple[_File, dict[str, Any], tuple[str, str] | None] | None = None
+        chosen: tuple[_File, dict[str, Any], tuple[str, str] | None, int] | None = None
         first_bad: _Bad | None = None
         for cand in order:
             try:
-                doc, key = _step(seq, cand, st, expect)
+                doc, key, size = _step(seq, cand, st, expect)
             except _Bad as bad:
                 first_bad = first_bad or bad
                 continue
-            chosen = (cand, doc, key)
+            chosen = (cand, doc, key, size)
             break
         if chosen is None:
             assert first_bad is not None
@@ -209,8 +220,8 @@ def _walk(files: Sequence[tuple[str, bytes]], expect: ChainExpectation, st: _Sta
         for other in order:
             if other is not chosen[0]:
                 raise _Bad(other[0], f"second file for chain position {seq}")
-        (name, parsed, data), doc, key = chosen
-        st.nbytes += len(data)
+        (name, parsed, _), doc, key, size = chosen
+        st.nbytes += size
         st.link = parsed.sha256
         if seq == 0:
             st.manifest, st.manifest_name = doc, name
@@ -234,7 +245,9 @@ def _walk(files: Sequence[tuple[str, bytes]], expect: ChainExpectation, st: _Sta
             raise _Bad(st.manifest_name, "archived roots differ from manifest roots_total")
 
 
-def verify_chain(files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation) -> VerifyReport:
+def verify_chain(
+    files: Sequence[tuple[str, FileData]], *, expect: ChainExpectation
+) -> VerifyReport:
     st = _State()
     try:
         _walk(files, expect, st)
@@ -244,7 +257,7 @@ def verify_chain(files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation
 
 
 def verify_prefix(
-    files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation, full: bool = False
+    files: Sequence[tuple[str, FileData]], *, expect: ChainExpectation, full: bool = False
 ) -> VerifyReport:
     if full:
         return verify_chain(files, expect=_not_complete(expect))
@@ -258,7 +271,7 @@ def verify_prefix(
         found = [data for n, data in files if n == name]
         if not found:
             raise _Bad(name, "tail file is missing")
-        data = found[0]
+        data = _load(found[0], name)
         if sha256_hex(data) != expect.last_sha256:
             raise _Bad(name, "contents do not hash to the sha256 in the name")
         if expect.batches == 0:

@@ -52,7 +52,7 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -559,14 +559,18 @@ class VerifyReport:
 
 
 def verify_chain(files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation) -> VerifyReport:
-    """Verify a whole chain given (name, bytes) pairs in any order (see the module docstring)."""
+    """Verify a whole chain given (name, bytes) pairs in any order (see the module docstring).
+    Instead of bytes a pair may carry a zero-argument loader, called when the file is checked."""
     from orbit_tasks.archive import chain
 
     return chain.verify_chain(files, expect=expect)
 
 
 def verify_prefix(
-    files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation, full: bool = False
+    files: Sequence[tuple[str, bytes | Callable[[], bytes]]],
+    *,
+    expect: ChainExpectation,
+    full: bool = False,
 ) -> VerifyReport:
     """The runner's step 2: the tail only (``full=False``) or the whole confirmed prefix."""
     from orbit_tasks.archive import chain
