@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+from typing import Any
+
 import click
 
-from orbit_tasks.cli.common import emit, json_option
+from orbit_tasks.cli.common import emit, emit_table, json_option
+from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.migrate import upgrade
 from orbit_tasks.db.registry import business_engine
+from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
+from orbit_tasks.logs import log_action
+from orbit_tasks.sender import policy
+from orbit_tasks.sender import store as sender_store
+
+logger = logging.getLogger("orbit.sender")
 
 
 @click.group("sender")
@@ -25,6 +36,125 @@ def sender_db_upgrade(as_json: bool) -> None:
     """Create or upgrade the sender tables in the business database."""
     upgrade(business_engine(), "business")
     emit({"database": "business", "revision": "head"}, as_json, "business database is up to date")
+
+
+def _hex(value: str, what: str) -> str:
+    if not policy.is_hex32(value):
+        raise InvalidInput(f"{what} {value!r} must be 32 lowercase hexadecimal characters")
+    return value
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, dt.datetime):
+            out[key] = value.isoformat(timespec="microseconds") + "Z"
+        elif isinstance(value, bytes | bytearray):
+            out[key] = bytes(value).hex()
+        else:
+            out[key] = value
+    return out
+
+
+@sender_group.command("list")
+@click.option(
+    "--state",
+    type=click.Choice(policy.STATES),
+    default=None,
+    help="Only rows in this state.",
+)
+@click.option("--namespace", "namespace_id", default=None, help="Only this namespace (32 hex).")
+@click.option(
+    "--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="Max rows."
+)
+@click.option("--after", default=None, help="Cursor NS:OP from the previous page.")
+@json_option
+def sender_list(
+    state: str | None, namespace_id: str | None, limit: int, after: str | None, as_json: bool
+) -> None:
+    """List outbox rows (optionally one state), oldest identity first."""
+    ns = None if namespace_id is None else _hex(namespace_id, "--namespace")
+    cursor = None
+    if after is not None:
+        parts = after.split(":")
+        if len(parts) != 2:
+            raise InvalidInput(f"--after {after!r} must be NS:OP (two 32-hex ids)")
+        cursor = (_hex(parts[0], "--after namespace"), _hex(parts[1], "--after operation"))
+    with business_engine().connect() as conn:
+        rows = [
+            _plain(r)
+            for r in sender_store.list_rows(
+                conn, state=state, namespace_id=ns, limit=limit, after=cursor
+            )
+        ]
+    if as_json:
+        emit(rows, True)
+        return
+    emit_table(
+        rows,
+        ["namespace_id", "operation_id", "state", "last_code", "send_count", "wake_at", "task_id"],
+    )
+
+
+def _load(conn: Any, ns: str, op: str) -> Any:
+    row = sender_store.get_row(conn, ns, op)
+    if row is None:
+        raise NotFound(f"outbox row namespace {ns} operation {op} does not exist")
+    return row
+
+
+@sender_group.command("show")
+@click.argument("ns")
+@click.argument("op")
+@json_option
+def sender_show(ns: str, op: str, as_json: bool) -> None:
+    """Show one outbox row (without the request body; see its size and digest)."""
+    ns, op = _hex(ns, "NS"), _hex(op, "OP")
+    with business_engine().connect() as conn:
+        row = _load(conn, ns, op)
+        job = sender_store.get_job(conn, ns, op)
+    data = _plain(dict(row._mapping))
+    data["request_bytes"] = len(row.request_json.encode("utf-8"))
+    data["digest_ok"] = policy.digest(row.request_json) == bytes(row.request_digest)
+    del data["request_json"]
+    data["source_ref"] = None if job is None else job.source_ref
+    data["job_task_id"] = None if job is None else job.task_id
+    if as_json:
+        emit(data, True)
+        return
+    for key in sorted(data):
+        click.echo(f"{key:18} {data[key] if data[key] is not None else '-'}")
+
+
+@sender_group.command("requeue")
+@click.argument("ns")
+@click.argument("op")
+@json_option
+def sender_requeue(ns: str, op: str, as_json: bool) -> None:
+    """Put a REVIEW row back to PENDING (same key and body). Refused past its deadline or at
+    100 sends (exit 3)."""
+    ns, op = _hex(ns, "NS"), _hex(op, "OP")
+    with business_engine().begin() as conn:
+        row = _load(conn, ns, op)
+        now = db_now(conn)
+        why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
+        if why:
+            raise IllegalState(f"cannot requeue {ns}/{op}: {why}")
+        if not sender_store.requeue(conn, row, now):
+            raise IllegalState(f"cannot requeue {ns}/{op}: the row changed meanwhile; retry")
+    log_action(
+        logger,
+        "sender.row.requeued",
+        namespace_id=ns,
+        operation_id=op,
+        previous_code=row.last_code,
+        send_count=row.send_count,
+    )
+    emit(
+        {"namespace_id": ns, "operation_id": op, "state": "PENDING"},
+        as_json,
+        f"requeued {ns}/{op} (PENDING, same key and body)",
+    )
 
 
 def register(cli: click.Group) -> None:

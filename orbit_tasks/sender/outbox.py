@@ -1,0 +1,276 @@
+"""``enqueue()``: write a frozen submission request into the application's own transaction.
+
+The caller's business row and the outbox row commit (or roll back) together; this function never
+commits. Validation happens before anything is written, and every error names the value and the
+limit (SPEC §8).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.errors import ConflictError, InvalidInput
+from orbit_tasks.sender import policy, store
+
+MAX_REQUEST_BYTES = 1024 * 1024  # the platform's limit (413 above it)
+MAX_SOURCE_REF_CHARS = 512
+CREDENTIAL_KEYS = frozenset({"authorization", "password", "secret", "token", "api_key"})
+_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/?#\s]*@")
+
+
+class InvalidRequest(InvalidInput):
+    """The request, ids or source reference cannot be enqueued; nothing was written."""
+
+
+class OutboxConflict(ConflictError):
+    """The (namespace, operation) already holds a different request (or queue/source_ref)."""
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    namespace_id: str
+    queue_id: str
+    operation_id: str
+    idempotency_key: str
+    state: str
+    created_at: dt.datetime
+    send_deadline_at: dt.datetime
+    created: bool  # False: the same request was already enqueued (returned as it is)
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def _check_hex(value: object, what: str) -> str:
+    if not policy.is_hex32(value):
+        raise InvalidRequest(
+            f"{what} {value!r} must be 32 lowercase hexadecimal characters [0-9a-f]{{32}}"
+        )
+    assert isinstance(value, str)
+    return value
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InvalidRequest(f"request has the key {key!r} twice in one object")
+        out[key] = value
+    return out
+
+
+def _parse_text(text: str) -> Any:
+    try:
+        return json.loads(
+            text,
+            parse_float=Decimal,
+            parse_constant=policy._no_constants,
+            object_pairs_hook=_refuse_duplicates,
+        )
+    except InvalidRequest:
+        raise
+    except ValueError as exc:
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
+        raise InvalidRequest(
+            f"request is not valid JSON ({msg}); a JSON object is required"
+        ) from None
+
+
+def _encode(value: Any, path: str) -> str:
+    """Exact JSON text: Decimal and int digits as written, never through float."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        raise InvalidRequest(
+            f"request value at {path} is a float ({value!r}); floats are not exact - "
+            "pass decimal.Decimal (or the request as JSON text)"
+        )
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise InvalidRequest(f"request value at {path} is {value}; JSON numbers are finite")
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, dict):
+        parts = []
+        for key in sorted(value):
+            if not isinstance(key, str):
+                raise InvalidRequest(f"request key {key!r} at {path} is not a string")
+            parts.append(json.dumps(key, ensure_ascii=False) + ":" + _encode(value[key], path))
+        return "{" + ",".join(parts) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_encode(v, f"{path}[{i}]") for i, v in enumerate(value)) + "]"
+    raise InvalidRequest(
+        f"request value at {path} has type {type(value).__name__}; allowed: dict, list, str, "
+        "int, Decimal, bool, None"
+    )
+
+
+def freeze_request(request: str | dict[str, Any]) -> str:
+    """The exact text to store: the caller's text as given, or a canonical exact serialization
+    (sorted keys, no spaces). Refuses non-objects, > 1 MiB and credential-like top-level keys."""
+    if isinstance(request, str):
+        text = request
+    elif isinstance(request, dict):
+        text = _encode(request, "$")
+    else:
+        raise InvalidRequest(
+            f"request has type {type(request).__name__}; pass a dict or the JSON object as str"
+        )
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidRequest("request contains a lone surrogate; it is not valid UTF-8") from None
+    if size > MAX_REQUEST_BYTES:
+        raise InvalidRequest(
+            f"request is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (1 MiB)"
+        )
+    doc = _parse_text(text)
+    if not isinstance(doc, dict):
+        raise InvalidRequest(
+            f"request is a JSON {type(doc).__name__}, not an object; a JSON object is required"
+        )
+    for key in doc:
+        if key.lower().replace("-", "_") in CREDENTIAL_KEYS:
+            raise InvalidRequest(
+                f"request has the credential-like top-level key {key!r}; keys "
+                f"{sorted(CREDENTIAL_KEYS)} are refused (the sender authenticates itself)"
+            )
+    return text
+
+
+def check_source_ref(source_ref: object) -> str:
+    if not isinstance(source_ref, str):
+        raise InvalidRequest(f"source_ref has type {type(source_ref).__name__}; a str is required")
+    if not 1 <= len(source_ref) <= MAX_SOURCE_REF_CHARS:
+        raise InvalidRequest(
+            f"source_ref is {len(source_ref)} characters; allowed 1..{MAX_SOURCE_REF_CHARS}"
+        )
+    try:
+        source_ref.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest("source_ref contains a lone surrogate; not valid UTF-8") from None
+    if _USERINFO.search(source_ref):
+        raise InvalidRequest(
+            "source_ref embeds credentials (a 'scheme://user[:password]@' part); store a "
+            "reference without userinfo"
+        )
+    if any(ord(ch) < 32 for ch in source_ref):
+        raise InvalidRequest("source_ref contains control characters; allowed: printable text")
+    return source_ref
+
+
+# --- enqueue ------------------------------------------------------------------------------------
+
+
+def _connection(conn: Connection | Session) -> Connection:
+    if isinstance(conn, Session):
+        return conn.connection()
+    if isinstance(conn, Connection):
+        return conn
+    raise InvalidRequest(
+        f"conn has type {type(conn).__name__}; pass a SQLAlchemy Connection or Session"
+    )
+
+
+def _entry(row: Any, created: bool) -> OutboxEntry:
+    return OutboxEntry(
+        namespace_id=row.namespace_id,
+        queue_id=row.queue_id,
+        operation_id=row.operation_id,
+        idempotency_key=row.idempotency_key,
+        state=row.state,
+        created_at=row.created_at,
+        send_deadline_at=row.send_deadline_at,
+        created=created,
+    )
+
+
+def _existing(
+    conn: Connection, ns: str, queue: str, op: str, digest: bytes, source_ref: str
+) -> OutboxEntry | None:
+    row = store.get_row(conn, ns, op)
+    if row is None:
+        return None
+    if bytes(row.request_digest) != digest:
+        raise OutboxConflict(
+            f"operation {op} in namespace {ns} is already enqueued with another request "
+            "(digest differs); never reuse an operation id for a different request"
+        )
+    if row.queue_id != queue:
+        raise OutboxConflict(
+            f"operation {op} in namespace {ns} is already enqueued for queue {row.queue_id}, "
+            f"not {queue}"
+        )
+    job = store.get_job(conn, ns, op)
+    if job is not None and job.source_ref != source_ref:
+        raise OutboxConflict(
+            f"operation {op} in namespace {ns} is already enqueued with another source_ref "
+            "(fixed at first insert)"
+        )
+    return _entry(row, created=False)
+
+
+def enqueue(
+    conn: Connection | Session,
+    *,
+    namespace_id: str,
+    queue_id: str,
+    operation_id: str,
+    request: str | dict[str, Any],
+    source_ref: str,
+) -> OutboxEntry:
+    """Insert the ``sender_jobs`` row and the frozen ``sender_outbox`` row in the caller's
+    transaction (never commits). Enqueueing the same (namespace, operation) with the same request
+    again returns the existing entry; a different request raises :class:`OutboxConflict`."""
+    ns = _check_hex(namespace_id, "namespace_id")
+    queue = _check_hex(queue_id, "queue_id")
+    op = _check_hex(operation_id, "operation_id")
+    text = freeze_request(request)
+    ref = check_source_ref(source_ref)
+    digest = policy.digest(text)
+    c = _connection(conn)
+    found = _existing(c, ns, queue, op, digest, ref)
+    if found is not None:
+        return found
+    now = db_now(c)
+    try:
+        with c.begin_nested():
+            store.insert_entry(
+                c,
+                namespace_id=ns,
+                queue_id=queue,
+                operation_id=op,
+                request_json=text,
+                request_digest=digest,
+                source_ref=ref,
+                now=now,
+            )
+    except IntegrityError:
+        # A concurrent enqueue of the same operation committed first (or a sender_jobs row
+        # without its outbox row exists): compare with what is there.
+        found = _existing(c, ns, queue, op, digest, ref)
+        if found is not None:
+            return found
+        raise OutboxConflict(
+            f"operation {op} in namespace {ns} already has a sender_jobs row without an outbox "
+            "row; refusing to enqueue over it"
+        ) from None
+    row = store.get_row(c, ns, op)
+    return _entry(row, created=True)

@@ -1,0 +1,299 @@
+"""Pure sender rules (SPEC §8): classification of every HTTP/transport outcome, capped exponential
+backoff with full jitter, ``Retry-After``, deadline and attempt guards.
+
+No I/O here: every function receives ``now`` (the database clock) and values, so the rules can be
+tested at exact boundaries. ``last_code`` only ever holds one of :data:`ALL_CODES`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal, Protocol
+
+# --- codes -------------------------------------------------------------------------------------
+
+NEW = "NEW"
+ACCEPTED = "ACCEPTED"
+# retry later (PENDING, wake_at = backoff)
+NETWORK = "NETWORK"
+TIMEOUT = "TIMEOUT"
+UNAVAILABLE = "UNAVAILABLE"
+THROTTLED = "THROTTLED"
+IN_PROGRESS = "IN_PROGRESS"
+UNAUTHENTICATED = "UNAUTHENTICATED"
+# REVIEW (a person looks at it; `orbit sender requeue` puts it back)
+FORBIDDEN = "FORBIDDEN"
+QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
+REJECTED = "REJECTED"
+TOO_LARGE = "TOO_LARGE"
+IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
+PROTOCOL = "PROTOCOL"
+DIGEST_MISMATCH = "DIGEST_MISMATCH"
+QUEUE_FORBIDDEN = "QUEUE_FORBIDDEN"
+ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+
+RETRY_CODES = frozenset({NETWORK, TIMEOUT, UNAVAILABLE, THROTTLED, IN_PROGRESS, UNAUTHENTICATED})
+REVIEW_CODES = frozenset(
+    {
+        FORBIDDEN,
+        QUEUE_NOT_FOUND,
+        REJECTED,
+        TOO_LARGE,
+        IDEMPOTENCY_CONFLICT,
+        PROTOCOL,
+        DIGEST_MISMATCH,
+        QUEUE_FORBIDDEN,
+        ATTEMPTS_EXHAUSTED,
+        DEADLINE_EXCEEDED,
+    }
+)
+ALL_CODES = frozenset({NEW, ACCEPTED}) | RETRY_CODES | REVIEW_CODES
+
+STATES = ("PENDING", "SENDING", "ACCEPTED", "REVIEW")
+MAX_SENDS = 100
+SEND_WINDOW = dt.timedelta(hours=24)
+
+# Backoff: full jitter over [0, min(CAP, BASE * 2**(n-1))] seconds for the n-th send.
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 300.0
+# A retry that would land at or after the deadline gets one last try this long before it.
+LAST_TRY_MARGIN = dt.timedelta(milliseconds=1)
+
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+def is_hex32(value: object) -> bool:
+    return isinstance(value, str) and bool(_HEX32.match(value))
+
+
+def digest(request_json: str) -> bytes:
+    """The outbox digest: raw SHA-256 of the frozen body's UTF-8 bytes."""
+    return hashlib.sha256(request_json.encode("utf-8")).digest()
+
+
+def idempotency_key(operation_id: str) -> str:
+    return "op-" + operation_id
+
+
+# --- guards ------------------------------------------------------------------------------------
+
+
+def deadline_passed(now: dt.datetime, deadline: dt.datetime) -> bool:
+    """``now == deadline`` is already past: nothing is sent at or after the deadline."""
+    return now >= deadline
+
+
+def claim_guard(now: dt.datetime, send_count: int, deadline: dt.datetime) -> str | None:
+    """The REVIEW code a due row gets instead of a claim, or None when it may be claimed."""
+    if deadline_passed(now, deadline):
+        return DEADLINE_EXCEEDED
+    if send_count >= MAX_SENDS:
+        return ATTEMPTS_EXHAUSTED
+    return None
+
+
+def requeue_refusal(now: dt.datetime, state: str, send_count: int, deadline: dt.datetime) -> str:
+    """Why a row may not be requeued ("" when it may)."""
+    if state != "REVIEW":
+        return f"state is {state}; only REVIEW rows can be requeued"
+    if deadline_passed(now, deadline):
+        return f"send deadline {deadline.isoformat()}Z has passed (now {now.isoformat()}Z)"
+    if send_count >= MAX_SENDS:
+        return f"send_count {send_count} reached the limit of {MAX_SENDS} sends"
+    return ""
+
+
+# --- classification ----------------------------------------------------------------------------
+
+Kind = Literal["accepted", "retry", "review"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Kind
+    code: str
+    task_id: str | None = None
+    receipt_json: str | None = None
+    retry_after: float | None = None  # seconds, from the Retry-After header
+
+    def __post_init__(self) -> None:
+        assert self.code in ALL_CODES, self.code
+
+
+def _retry(code: str, retry_after: float | None = None) -> Outcome:
+    return Outcome("retry", code, retry_after=retry_after)
+
+
+def _review(code: str) -> Outcome:
+    return Outcome("review", code)
+
+
+def classify_transport(kind: Literal["network", "timeout"]) -> Outcome:
+    """No HTTP response: a connection error or a timeout (either may follow a commit)."""
+    return _retry(TIMEOUT if kind == "timeout" else NETWORK)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"JSON constant {name} is not allowed")
+
+
+def parse_json_exact(text: str) -> Any:
+    """Parse JSON keeping every number exact (Decimal) and refusing NaN/Infinity."""
+    return json.loads(text, parse_float=Decimal, parse_constant=_no_constants)
+
+
+def _error_code(body: bytes) -> str:
+    """The ``error`` field of a JSON error body, or "" (never stored, only compared)."""
+    try:
+        doc = parse_json_exact(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    value = doc.get("error") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def valid_receipt(
+    body: bytes, namespace_id: str, queue_id: str, key: str
+) -> tuple[str, str] | None:
+    """(task_id, receipt text) when ``body`` is a receipt for exactly this submission."""
+    try:
+        text = body.decode("utf-8")
+        doc = parse_json_exact(text)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    task_id = doc.get("task_id")
+    if not is_hex32(task_id):
+        return None
+    if (
+        doc.get("namespace_id") != namespace_id
+        or doc.get("queue_id") != queue_id
+        or doc.get("idempotency_key") != key
+    ):
+        return None
+    assert isinstance(task_id, str)
+    return task_id, text
+
+
+def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
+    """``Retry-After`` as seconds from ``now``: delta-seconds or an HTTP date; None if absent or
+    unreadable; a date in the past is 0."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is not None:
+        when = when.astimezone(dt.UTC).replace(tzinfo=None)
+    return max(0.0, (when - now).total_seconds())
+
+
+def classify_response(
+    status: int,
+    body: bytes,
+    *,
+    namespace_id: str,
+    queue_id: str,
+    key: str,
+    retry_after: float | None = None,
+) -> Outcome:
+    """Map one HTTP response of ``POST .../tasks`` to its outcome (SPEC §8 step 4)."""
+    if 200 <= status < 300:
+        if status in (200, 201):
+            found = valid_receipt(body, namespace_id, queue_id, key)
+            if found is not None:
+                return Outcome("accepted", ACCEPTED, task_id=found[0], receipt_json=found[1])
+        return _review(PROTOCOL)
+    if status == 401:
+        return _retry(UNAUTHENTICATED, retry_after)
+    if status == 403:
+        return _review(FORBIDDEN)
+    if status == 404:
+        return _review(QUEUE_NOT_FOUND)
+    if status == 413:
+        return _review(TOO_LARGE)
+    if status == 429:
+        return _retry(THROTTLED, retry_after)
+    if status in (408, 425) or 500 <= status < 600:
+        return _retry(UNAVAILABLE, retry_after)
+    if status == 409:
+        if _error_code(body) == "request_in_progress":
+            return _retry(IN_PROGRESS, retry_after)
+        # Any other 409 on this endpoint is a key clash: never retried blindly.
+        return _review(IDEMPOTENCY_CONFLICT)
+    if status == 422:
+        if _error_code(body) == "idempotency_conflict":
+            return _review(IDEMPOTENCY_CONFLICT)
+        return _review(REJECTED)
+    if 400 <= status < 500:
+        return _review(REJECTED)
+    # 1xx/3xx (redirects are not followed) or nonsense: the platform did not speak the protocol.
+    return _review(PROTOCOL)
+
+
+# --- backoff -----------------------------------------------------------------------------------
+
+
+class RandomSource(Protocol):
+    def uniform(self, a: float, b: float) -> float: ...
+
+
+def backoff_cap(send_count: int) -> float:
+    """Upper bound of the jittered delay after the ``send_count``-th send (1-based)."""
+    n = max(1, send_count)
+    if n > 30:
+        return BACKOFF_CAP_SECONDS
+    return min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (n - 1))
+
+
+def next_wake(
+    now: dt.datetime,
+    deadline: dt.datetime,
+    send_count: int,
+    rng: RandomSource,
+    retry_after: float | None = None,
+) -> dt.datetime | None:
+    """When to try again: full jitter in ``[0, backoff_cap]``, not before ``Retry-After``, always
+    strictly before the deadline. ``None`` = no try fits (REVIEW ``DEADLINE_EXCEEDED``)."""
+    earliest = now + dt.timedelta(seconds=max(0.0, retry_after or 0.0))
+    last_slot = deadline - LAST_TRY_MARGIN
+    if deadline_passed(now, deadline) or earliest > last_slot:
+        return None
+    delay = rng.uniform(0.0, backoff_cap(send_count))
+    wake = max(now + dt.timedelta(seconds=delay), earliest)
+    return min(wake, last_slot)
+
+
+# --- pre-send checks ---------------------------------------------------------------------------
+
+
+def presend_check(
+    *,
+    stored_digest: bytes,
+    request_json: str,
+    row_namespace: str,
+    row_queue: str,
+    identity_namespace: str,
+    identity_queues: frozenset[str],
+) -> str | None:
+    """REVIEW code found before sending, "" when the row belongs to another namespace than the
+    current credential (released, never sent by this credential), None when it may be sent."""
+    if digest(request_json) != stored_digest:
+        return DIGEST_MISMATCH
+    if row_namespace != identity_namespace:
+        return ""
+    if row_queue not in identity_queues:
+        return QUEUE_FORBIDDEN
+    return None

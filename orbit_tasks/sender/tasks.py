@@ -1,0 +1,79 @@
+"""Celery tasks of the outbox sender — thin wrappers around :class:`Relay`.
+
+``orbit.sender.tick`` (beat, every ``ORBIT_SENDER_TICK_SECONDS``) runs one bounded relay pass; when
+the pass stops with due rows left it publishes one ``orbit.sender.relay`` wake-up so that another
+sender worker joins in. Messages are wake-ups only: ownership is the database claim.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from orbit_tasks.celery_app import app
+from orbit_tasks.db.registry import business_engine
+from orbit_tasks.sender.client import PlatformClient
+from orbit_tasks.sender.relay import PassStats, Relay
+from orbit_tasks.settings import get_settings
+
+_lock = threading.Lock()
+_relay: Relay | None = None
+
+_LEASE = get_settings().sender_lease_seconds
+
+
+def pass_budget_seconds() -> float:
+    """Stop claiming after this long; rows in flight finish within their HTTP timeout."""
+    return float(max(1, min(20, _LEASE // 3)))
+
+
+def get_relay() -> Relay:
+    """The process's relay (one HTTP client and identity cache per worker process)."""
+    global _relay
+    with _lock:
+        if _relay is None:
+            s = get_settings()
+            client = PlatformClient(
+                s.api_url,
+                s.api_token,
+                timeout_seconds=s.sender_http_timeout_seconds,
+                max_connections=s.sender_concurrency,
+            )
+            _relay = Relay(
+                business_engine(),
+                client,
+                lease_seconds=s.sender_lease_seconds,
+                timeout_seconds=s.sender_http_timeout_seconds,
+                concurrency=s.sender_concurrency,
+            )
+        return _relay
+
+
+def _run() -> PassStats:
+    return get_relay().run_pass(budget_seconds=pass_budget_seconds())
+
+
+@app.task(
+    name="orbit.sender.tick",
+    ignore_result=True,
+    acks_late=True,
+    soft_time_limit=max(3, _LEASE - 10),
+    time_limit=max(5, _LEASE - 5),
+)
+def tick() -> dict[str, object]:
+    """One bounded relay pass (no ETA: the database's ``wake_at`` holds every time)."""
+    stats = _run()
+    if stats.more:
+        relay_task.apply_async(queue="orbit.sender")
+    return stats.as_fields()
+
+
+@app.task(
+    name="orbit.sender.relay",
+    ignore_result=True,
+    acks_late=True,
+    soft_time_limit=max(3, _LEASE - 10),
+    time_limit=max(5, _LEASE - 5),
+)
+def relay_task() -> dict[str, object]:
+    """The same bounded pass, published by a tick that left due rows behind."""
+    return _run().as_fields()
