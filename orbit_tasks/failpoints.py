@@ -1,0 +1,58 @@
+"""Failpoints for fault tests: inert unless ``ORBIT_FAILPOINTS`` is set.
+
+``ORBIT_FAILPOINTS="archive.after_file_write=pause:/tmp/marker;archive.after_claim=exit"``
+
+Actions:
+- ``pause:<marker>`` — create the marker file (its content is the process id), then sleep forever,
+  so that a test can ``SIGKILL`` or ``SIGSTOP`` the process at exactly that point.
+- ``stop:<marker>`` — create the marker file, then ``SIGSTOP`` this very process; it continues
+  where it stopped when the test sends ``SIGCONT`` (a stale worker coming back).
+- ``exit`` — ``os._exit(137)`` immediately (a crash without cleanup).
+
+Names used by the archive runner: ``archive.after_claim``, ``archive.after_file_write`` (durably
+written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+ENV = "ORBIT_FAILPOINTS"
+
+
+def _parse(raw: str) -> dict[str, str]:
+    points: dict[str, str] = {}
+    for part in raw.replace(",", ";").split(";"):
+        part = part.strip()
+        if not part or "=" not in part:
+            continue
+        name, action = part.split("=", 1)
+        points[name.strip()] = action.strip()
+    return points
+
+
+def hit(name: str) -> None:
+    """Trigger failpoint ``name`` if configured; a no-op otherwise."""
+    raw = os.environ.get(ENV)
+    if not raw:
+        return
+    action = _parse(raw).get(name)
+    if action is None:
+        return
+    if action == "exit":
+        os._exit(137)
+    if action.startswith("stop:"):
+        marker = Path(action[len("stop:") :])
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if action.startswith("pause:"):
+        marker = Path(action[len("pause:") :])
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(os.getpid()))
+        while True:  # until the test kills or stops the process
+            time.sleep(3600)

@@ -1,0 +1,167 @@
+"""Pure archive-job rules at their exact boundaries (SPEC §5)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from orbit_tasks import failpoints
+from orbit_tasks.archive.jobs import (
+    MAX_FILE_BYTES,
+    ErrorCode,
+    JobState,
+    check_abandon,
+    check_expected_revision,
+    check_retry,
+    claimable,
+    file_cap,
+    is_stalled,
+    is_takeover,
+    lease_expired,
+    over_budget,
+)
+from orbit_tasks.archive.ranges import ArchiveRange, RangeInputs, derive_range
+from orbit_tasks.errors import IllegalState, InvalidInput, StaleRevision
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, 500000)
+US = timedelta(microseconds=1)
+MiB = 1024 * 1024
+
+
+def test_error_vocabulary_is_exactly_the_spec() -> None:
+    assert {c.value for c in ErrorCode} == {
+        "STORAGE_MISMATCH",
+        "CHAIN_BROKEN",
+        "BUDGET_EXCEEDED",
+        "DISK_FULL",
+        "IO_ERROR",
+        "SOURCE_INVALID",
+        "SOURCE_CHANGED",
+        "ROOT_TOO_LARGE",
+        "POLICY_MISSING",
+        "STALLED",
+    }
+    assert [s.value for s in JobState] == [
+        "PENDING",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "ABANDONED",
+    ]
+
+
+def test_lease_expiry_boundary() -> None:
+    assert not lease_expired(NOW, NOW)  # equal: still owned
+    assert lease_expired(NOW - US, NOW)  # one microsecond past: expired
+    assert not lease_expired(NOW + US, NOW)
+    assert not lease_expired(None, NOW)
+
+
+def test_claimable_states() -> None:
+    assert claimable(JobState.PENDING, None, NOW)
+    assert not claimable(JobState.RUNNING, NOW, NOW)
+    assert claimable(JobState.RUNNING, NOW - US, NOW)
+    for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.ABANDONED):
+        assert not claimable(state, None, NOW)
+        assert not claimable(state, NOW - US, NOW)
+    assert is_takeover(JobState.RUNNING) and not is_takeover(JobState.PENDING)
+
+
+def test_stall_rule_boundary() -> None:
+    # attempts counted after the takeover's increment; batches confirmed so far
+    assert not is_stalled(attempts=5, batches=4, max_stalls=1)  # healthy: attempts == batches+1
+    assert is_stalled(attempts=6, batches=4, max_stalls=1)  # one claim confirmed nothing
+    assert not is_stalled(attempts=24, batches=4, max_stalls=20)  # 19 stalls
+    assert is_stalled(attempts=25, batches=4, max_stalls=20)  # exactly 20 stalls
+    assert is_stalled(attempts=26, batches=4, max_stalls=20)
+
+
+def test_budget_boundary() -> None:
+    assert not over_budget(bytes_so_far=MiB - 100, size=100, max_bytes=MiB)  # == is fine
+    assert over_budget(bytes_so_far=MiB - 100, size=101, max_bytes=MiB)  # +1 fails
+    assert not over_budget(0, 0, MiB)
+    assert file_cap(MiB) == MiB
+    assert file_cap(1024 * MiB) == MAX_FILE_BYTES
+
+
+def test_retry_transitions() -> None:
+    assert check_retry(JobState.FAILED, 2 * MiB, None) == 2 * MiB
+    assert check_retry(JobState.FAILED, 2 * MiB, 2 * MiB) == 2 * MiB  # equal is not lower
+    assert check_retry(JobState.FAILED, 2 * MiB, 3 * MiB) == 3 * MiB
+    with pytest.raises(InvalidInput, match="lower than the job's max_bytes"):
+        check_retry(JobState.FAILED, 2 * MiB, 2 * MiB - 1)
+    with pytest.raises(InvalidInput, match="out of range"):
+        check_retry(JobState.FAILED, 2 * MiB, 1024 * MiB + 1)
+    for state in (JobState.PENDING, JobState.RUNNING, JobState.SUCCEEDED, JobState.ABANDONED):
+        with pytest.raises(IllegalState):
+            check_retry(state, 2 * MiB, None)
+
+
+def test_abandon_transitions() -> None:
+    check_abandon(JobState.FAILED, None, NOW)
+    check_abandon(JobState.PENDING, None, NOW)
+    check_abandon(JobState.RUNNING, NOW - US, NOW)  # lease expired
+    with pytest.raises(IllegalState, match="live lease"):
+        check_abandon(JobState.RUNNING, NOW, NOW)  # lease_until == now is still live
+    for state in (JobState.SUCCEEDED, JobState.ABANDONED):
+        with pytest.raises(IllegalState):
+            check_abandon(state, None, NOW)
+
+
+def test_expected_revision() -> None:
+    check_expected_revision(7, None)
+    check_expected_revision(7, 7)
+    with pytest.raises(StaleRevision, match="--expect-revision 6"):
+        check_expected_revision(7, 6)
+
+
+def test_range_first_job_starts_at_the_beginning_of_time() -> None:
+    rng = derive_range(RangeInputs(created_at=NOW, archive_after_seconds=3600))
+    assert rng == ArchiveRange(None, NOW - timedelta(hours=1))
+    assert not rng.empty
+    assert rng.contains(datetime(1970, 1, 1))
+    assert rng.contains(NOW - timedelta(hours=1) - US)
+    assert not rng.contains(NOW - timedelta(hours=1))  # until is exclusive
+
+
+def test_chained_ranges_meet_exactly() -> None:
+    first = derive_range(RangeInputs(NOW, 3600))
+    later = NOW + timedelta(days=1)
+    second = derive_range(
+        RangeInputs(later, 7200, previous_created_at=NOW, previous_archive_after_seconds=3600)
+    )
+    assert second.from_ == first.until  # computed with the previous job's own policy
+    assert second.until == later - timedelta(hours=2)
+    boundary = first.until
+    assert not first.contains(boundary) and second.contains(boundary)  # from is inclusive
+    assert first.contains(boundary - US) and not second.contains(boundary - US)
+
+
+def test_empty_range_when_until_not_after_from() -> None:
+    # the policy got longer: the new until falls before the previous job's until
+    rng = derive_range(
+        RangeInputs(
+            NOW,
+            7200,
+            previous_created_at=NOW - timedelta(minutes=30),
+            previous_archive_after_seconds=3600,
+        )
+    )
+    assert rng.until < rng.from_  # type: ignore[operator]
+    assert rng.empty
+    equal = derive_range(
+        RangeInputs(NOW, 3600, previous_created_at=NOW, previous_archive_after_seconds=3600)
+    )
+    assert equal.empty and not equal.contains(equal.until - US)
+    one_us = derive_range(
+        RangeInputs(NOW + US, 3600, previous_created_at=NOW, previous_archive_after_seconds=3600)
+    )
+    assert not one_us.empty and one_us.contains(one_us.from_)  # type: ignore[arg-type]
+
+
+def test_failpoints_inert_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(failpoints.ENV, raising=False)
+    failpoints.hit("archive.after_file_write")  # returns immediately
+    monkeypatch.setenv(failpoints.ENV, "archive.other=exit")
+    failpoints.hit("archive.after_file_write")  # not this point: returns
