@@ -15,6 +15,8 @@ from orbit_tasks.cli.common import OrbitGroup
 COMMAND_MODULES = [
     "db",
     "sender",
+    "plan",
+    "archive",
     "api",
     "namespace",
     "storage",

@@ -1,0 +1,418 @@
+"""Every SQL statement on archive plans, the job creation of a tick and the sweep query.
+
+Functions take a ``Connection`` inside the caller's transaction. Operator changes (``set_plan``)
+bump ``revision`` and ``updated_at``; ticks only ever touch ``next_run_at`` and
+``active_job_id``, by compare-and-set on the values the tick saw (rowcount != 1 -> not mine).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Select, and_, func, insert, or_, select, true, update
+from sqlalchemy.exc import IntegrityError
+
+from orbit_tasks.archive import schedule
+from orbit_tasks.db.platform_tables import (
+    archive_jobs,
+    archive_plans,
+    archive_policies,
+    namespaces,
+)
+from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevision
+from orbit_tasks.ids import new_id
+from orbit_tasks.platform.store import (
+    insert_audit,
+    storage_exists,
+)
+
+P = archive_plans.c
+J = archive_jobs.c
+CONFIG_FIELDS = (
+    "enabled",
+    "policy_revision",
+    "storage_id",
+    "interval_seconds",
+    "batch_size",
+    "max_bytes",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    namespace_id: bytes
+    kind: str
+    revision: int
+    enabled: bool
+    policy_revision: int
+    storage_id: bytes
+    interval_seconds: int
+    batch_size: int
+    max_bytes: int
+    next_run_at: dt.datetime
+    active_job_id: bytes | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ids as hex, times as ISO strings."""
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, bytes):
+                value = value.hex()
+            elif isinstance(value, dt.datetime):
+                value = value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class SetPlanResult:
+    plan: Plan
+    created: bool
+    changed: bool  # False: same values as before, nothing written (no revision bump)
+
+
+def _plan(row: Any) -> Plan:
+    return Plan(
+        namespace_id=bytes(row.namespace_id),
+        kind=row.kind,
+        revision=int(row.revision),
+        enabled=bool(row.enabled),
+        policy_revision=int(row.policy_revision),
+        storage_id=bytes(row.storage_id),
+        interval_seconds=int(row.interval_seconds),
+        batch_size=int(row.batch_size),
+        max_bytes=int(row.max_bytes),
+        next_run_at=row.next_run_at,
+        active_job_id=None if row.active_job_id is None else bytes(row.active_job_id),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def get_plan(conn: Connection, ns_id: bytes, kind: str) -> Plan | None:
+    row = conn.execute(select(archive_plans).where(P.namespace_id == ns_id, P.kind == kind)).first()
+    return None if row is None else _plan(row)
+
+
+def list_plans(conn: Connection, ns_id: bytes | None = None) -> list[Plan]:
+    query = select(archive_plans).order_by(P.namespace_id, P.kind)
+    if ns_id is not None:
+        query = query.where(P.namespace_id == ns_id)
+    return [_plan(r) for r in conn.execute(query).all()]
+
+
+def latest_policy_revision(conn: Connection, ns_id: bytes, kind: str) -> int | None:
+    value = conn.execute(
+        select(func.max(archive_policies.c.revision)).where(
+            archive_policies.c.namespace_id == ns_id, archive_policies.c.kind == kind
+        )
+    ).scalar()
+    return None if value is None else int(value)
+
+
+def namespace_state_shared(conn: Connection, ns_id: bytes) -> str | None:
+    """The namespace's state, read with a shared lock (MySQL ``LOCK IN SHARE MODE``) so that a
+    concurrent disable cannot commit between this check and the write it guards."""
+    value = conn.execute(
+        select(namespaces.c.state).where(namespaces.c.id == ns_id).with_for_update(read=True)
+    ).scalar()
+    return None if value is None else str(value)
+
+
+# --- operator changes ---------------------------------------------------------------------------
+
+
+def set_plan(
+    conn: Connection,
+    ns_id: bytes,
+    kind: str,
+    *,
+    storage_id: bytes | None,
+    interval: int | None,
+    batch_size: int | None,
+    max_bytes: int | None,
+    policy_revision: int | None,
+    enabled: bool | None,
+    expect_revision: int | None,
+    now: dt.datetime,
+    actor: str,
+) -> SetPlanResult:
+    """Create or update the plan of (namespace, kind) inside the caller's transaction.
+
+    On create every config value is required and ``enabled`` defaults to False (seed default);
+    ``expect_revision`` must be absent or 0 ("must not exist yet"). On update, None keeps the
+    current value. A change bumps ``revision`` and ``updated_at`` and writes an audit row; a
+    change to identical values writes nothing. Raises InvalidInput / NotFound / IllegalState /
+    StaleRevision before anything is written.
+    """
+    schedule.validate_kind(kind)
+    if expect_revision is not None and expect_revision < 0:
+        raise InvalidInput(
+            f"--expect-revision {expect_revision} is out of range (allowed 0 or more)"
+        )
+    state = namespace_state_shared(conn, ns_id)
+    if state is None:
+        raise NotFound(f"namespace {ns_id.hex()} does not exist")
+    if state != "ACTIVE":
+        raise IllegalState(f"namespace {ns_id.hex()} is {state}, not ACTIVE")
+
+    current = get_plan(conn, ns_id, kind)
+    if current is None:
+        missing = [
+            name
+            for name, value in (
+                ("--storage", storage_id),
+                ("--interval", interval),
+                ("--batch-size", batch_size),
+                ("--max-bytes", max_bytes),
+                ("--policy-revision", policy_revision),
+            )
+            if value is None
+        ]
+        if missing:
+            raise InvalidInput(f"a new plan needs {', '.join(missing)}")
+        if expect_revision not in (None, 0):
+            raise StaleRevision(
+                f"plan {kind!r} does not exist (expected revision {expect_revision}; use 0 or "
+                "omit --expect-revision to create it)"
+            )
+    elif expect_revision is not None and expect_revision != current.revision:
+        raise StaleRevision(
+            f"plan {kind!r} is at revision {current.revision}, not {expect_revision}"
+        )
+
+    config = schedule.validate_config(
+        schedule.PlanConfig(
+            kind=kind,
+            interval_seconds=interval if interval is not None else current.interval_seconds,  # type: ignore[union-attr]
+            batch_size=batch_size if batch_size is not None else current.batch_size,  # type: ignore[union-attr]
+            max_bytes=max_bytes if max_bytes is not None else current.max_bytes,  # type: ignore[union-attr]
+            policy_revision=(
+                policy_revision if policy_revision is not None else current.policy_revision  # type: ignore[union-attr]
+            ),
+        )
+    )
+    new_storage = storage_id if storage_id is not None else current.storage_id  # type: ignore[union-attr]
+    new_enabled = (
+        enabled if enabled is not None else (current.enabled if current is not None else False)
+    )
+    if not storage_exists(conn, new_storage):
+        raise NotFound(f"storage {new_storage.hex()} is not registered (see orbit storage list)")
+    latest = latest_policy_revision(conn, ns_id, kind)
+    if latest is None:
+        raise NotFound(
+            f"no retention policy for kind {kind!r} in this namespace (create one with "
+            f"orbit policy set NS {kind} --archive-after DURATION)"
+        )
+    if config.policy_revision > latest:
+        raise InvalidInput(
+            f"--policy-revision {config.policy_revision} does not exist for kind {kind!r} "
+            f"(allowed 1..{latest})"
+        )
+
+    values: dict[str, Any] = dict(
+        enabled=new_enabled,
+        policy_revision=config.policy_revision,
+        storage_id=new_storage,
+        interval_seconds=config.interval_seconds,
+        batch_size=config.batch_size,
+        max_bytes=config.max_bytes,
+    )
+    next_run = schedule.next_run_on_change(
+        None if current is None else current.enabled,
+        new_enabled,
+        None if current is None else current.next_run_at,
+        now,
+    )
+    if current is None:
+        try:
+            conn.execute(
+                insert(archive_plans).values(
+                    namespace_id=ns_id,
+                    kind=kind,
+                    revision=1,
+                    next_run_at=next_run,
+                    active_job_id=None,
+                    created_at=now,
+                    updated_at=now,
+                    **values,
+                )
+            )
+        except IntegrityError:
+            raise StaleRevision(f"plan {kind!r} was created concurrently; retry") from None
+        changes = {k: [None, _show(v)] for k, v in values.items()}
+        revision = 1
+    else:
+        old = {k: getattr(current, k) for k in CONFIG_FIELDS}
+        changes = {k: [_show(old[k]), _show(v)] for k, v in values.items() if old[k] != v}
+        if not changes:
+            return SetPlanResult(current, created=False, changed=False)
+        revision = current.revision + 1
+        result = conn.execute(
+            update(archive_plans)
+            .where(P.namespace_id == ns_id, P.kind == kind, P.revision == current.revision)
+            .values(revision=revision, next_run_at=next_run, updated_at=now, **values)
+        )
+        if result.rowcount != 1:
+            raise StaleRevision(f"plan {kind!r} changed concurrently; retry")
+    insert_audit(
+        conn,
+        ns_id,
+        actor=actor,
+        action="archive.plan.set",
+        target_kind="archive_plan",
+        target_id=kind,
+        detail={"kind": kind, "revision": revision, "created": current is None, "changes": changes},
+        at=now,
+    )
+    plan = get_plan(conn, ns_id, kind)
+    assert plan is not None
+    return SetPlanResult(plan, created=current is None, changed=True)
+
+
+def _show(value: Any) -> Any:
+    return value.hex() if isinstance(value, bytes) else value
+
+
+# --- ticks --------------------------------------------------------------------------------------
+
+DueCursor = tuple[dt.datetime, bytes, str]
+
+
+def due_plans_query(
+    storage_id: bytes, now: dt.datetime, limit: int, after: DueCursor | None = None
+) -> Select[Any]:
+    """The due-plan scan on index
+    ``ix_archive_plan_due`` (storage_id, enabled, next_run_at [, PK]). ``after`` is the keyset
+    cursor (next_run_at, namespace_id, kind) of the previous page, in the expanded form."""
+    cond = [P.storage_id == storage_id, P.enabled == true(), P.next_run_at <= now]
+    if after is not None:
+        t, ns, kind = after
+        cond.append(
+            or_(
+                P.next_run_at > t,
+                and_(
+                    P.next_run_at == t,
+                    or_(P.namespace_id > ns, and_(P.namespace_id == ns, P.kind > kind)),
+                ),
+            )
+        )
+    query = (
+        select(archive_plans)
+        .where(*cond)
+        .order_by(P.next_run_at, P.namespace_id, P.kind)
+        .limit(limit)
+    )
+    return query
+
+
+def due_plans(
+    conn: Connection,
+    storage_id: bytes,
+    now: dt.datetime,
+    limit: int,
+    after: DueCursor | None = None,
+) -> list[Plan]:
+    """Enabled plans of ``storage_id`` with ``next_run_at <= now``, oldest first, on index
+    ``ix_archive_plan_due``; ``after`` = the last (next_run_at, namespace_id, kind) seen."""
+    return [_plan(r) for r in conn.execute(due_plans_query(storage_id, now, limit, after)).all()]
+
+
+def _plan_cas(plan: Plan, *, job_is_null: bool) -> list[Any]:
+    return [
+        P.namespace_id == plan.namespace_id,
+        P.kind == plan.kind,
+        P.revision == plan.revision,
+        P.next_run_at == plan.next_run_at,
+        P.active_job_id.is_(None) if job_is_null else P.active_job_id.is_not(None),
+        P.enabled == true(),
+    ]
+
+
+def advance_plan(conn: Connection, plan: Plan, next_run_at: dt.datetime) -> bool:
+    """Move ``next_run_at`` of a plan that gets no job this run (coalesced or skipped).
+    Compare-and-set on what the tick saw; False = another tick or an operator got there first."""
+    cond = _plan_cas(plan, job_is_null=plan.active_job_id is None)
+    result = conn.execute(update(archive_plans).where(*cond).values(next_run_at=next_run_at))
+    return result.rowcount == 1
+
+
+def create_job(
+    conn: Connection, plan: Plan, next_run_at: dt.datetime, now: dt.datetime
+) -> bytes | None:
+    """Turn a due plan into one PENDING job (contract: plan compare-and-set, then the job row, in
+    the caller's transaction). Returns the job id, or None when the compare-and-set lost."""
+    job_id = new_id()
+    result = conn.execute(
+        update(archive_plans)
+        .where(*_plan_cas(plan, job_is_null=True))
+        .values(next_run_at=next_run_at, active_job_id=job_id)
+    )
+    if result.rowcount != 1:
+        return None
+    conn.execute(
+        insert(archive_jobs).values(
+            namespace_id=plan.namespace_id,
+            id=job_id,
+            kind=plan.kind,
+            plan_revision=plan.revision,
+            policy_revision=plan.policy_revision,
+            storage_id=plan.storage_id,
+            batch_size=plan.batch_size,
+            max_bytes=plan.max_bytes,
+            state="PENDING",
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    return job_id
+
+
+def namespace_is_active(conn: Connection, ns_id: bytes) -> bool:
+    return namespace_state_shared(conn, ns_id) == "ACTIVE"
+
+
+# --- sweep --------------------------------------------------------------------------------------
+
+
+def expired_running_query(storage_id: bytes, now: dt.datetime, limit: int) -> Select[Any]:
+    return (
+        select(J.namespace_id, J.id)
+        .where(J.storage_id == storage_id, J.state == "RUNNING", J.lease_until < now)
+        .order_by(J.lease_until, J.updated_at)
+        .limit(limit)
+    )
+
+
+def pending_query(storage_id: bytes, limit: int) -> Select[Any]:
+    # lease_until is NULL for every PENDING row; ordering by it too keeps the index order.
+    return (
+        select(J.namespace_id, J.id)
+        .where(J.storage_id == storage_id, J.state == "PENDING")
+        .order_by(J.lease_until, J.updated_at)
+        .limit(limit)
+    )
+
+
+def sweep(
+    conn: Connection, storage_id: bytes, now: dt.datetime, limit: int
+) -> list[tuple[bytes, bytes]]:
+    """(namespace_id, job_id) of jobs on ``storage_id`` that need a wake-up: RUNNING jobs whose
+    lease expired (takeover) first, then PENDING jobs, oldest first; at most ``limit`` in total.
+    Both queries run on ``ix_archive_job_claim``."""
+    if limit <= 0:
+        return []
+    out = [
+        (bytes(r[0]), bytes(r[1]))
+        for r in conn.execute(expired_running_query(storage_id, now, limit))
+    ]
+    if len(out) < limit:
+        out += [
+            (bytes(r[0]), bytes(r[1]))
+            for r in conn.execute(pending_query(storage_id, limit - len(out)))
+        ]
+    return out

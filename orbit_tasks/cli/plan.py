@@ -1,0 +1,196 @@
+"""``orbit plan set|list|show``: periodic archive plans per (namespace, kind) (SPEC §4, §9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from orbit_tasks.archive import plan_store, schedule
+from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_table, json_option
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.ids import from_hex
+from orbit_tasks.platform.store import list_namespaces, resolve_namespace
+from orbit_tasks.settings import get_settings
+from orbit_tasks.units import format_duration, format_size
+
+
+@click.group("plan")
+def plan_group() -> None:
+    """Periodic archive plans (one per namespace and history kind)."""
+
+
+def _view(plan: plan_store.Plan, ns_name: str, latest: int | None, now: Any) -> dict[str, Any]:
+    data = plan.to_dict()
+    data["namespace"] = ns_name
+    data["latest_policy_revision"] = latest
+    data["policy_confirmed"] = latest is not None and plan.policy_revision == latest
+    data["due"] = schedule.is_due(plan.enabled, plan.next_run_at, now)
+    return data
+
+
+@plan_group.command("set")
+@click.argument("ns")
+@click.argument("kind")
+@click.option("--storage", "storage", help="Registered storage id (32 hex). Required on create.")
+@click.option("--interval", type=DURATION, help="Period, 1h..30d (e.g. 1d). Required on create.")
+@click.option("--batch-size", type=int, help="Roots per batch file, 1..100. Required on create.")
+@click.option("--max-bytes", type=SIZE, help="Byte budget of new jobs, 1MiB..1GiB.")
+@click.option(
+    "--policy-revision",
+    type=int,
+    help="Retention policy revision you confirm (must name it explicitly on create).",
+)
+@click.option(
+    "--enable/--disable",
+    "enabled",
+    default=None,
+    help="Trigger new jobs or not (a new plan is disabled unless --enable).",
+)
+@click.option(
+    "--expect-revision", type=int, help="Compare-and-set: refuse unless the plan is at N (0 = new)."
+)
+@json_option
+def plan_set(
+    ns: str,
+    kind: str,
+    storage: str | None,
+    interval: int | None,
+    batch_size: int | None,
+    max_bytes: int | None,
+    policy_revision: int | None,
+    enabled: bool | None,
+    expect_revision: int | None,
+    as_json: bool,
+) -> None:
+    """Create or change the plan of NS and KIND; prints the plan's revision.
+
+    Options left out keep their current value on an existing plan. Enabling a plan (first time or
+    after --disable) makes it due immediately. Setting identical values changes nothing.
+    """
+    schedule.validate_kind(kind)
+    storage_id = None if storage is None else from_hex(storage, "--storage")
+    settings = get_settings()
+    with platform_engine().begin() as conn:
+        namespace = resolve_namespace(conn, ns)
+        now = db_now(conn)
+        result = plan_store.set_plan(
+            conn,
+            namespace.id,
+            kind,
+            storage_id=storage_id,
+            interval=interval,
+            batch_size=batch_size,
+            max_bytes=max_bytes,
+            policy_revision=policy_revision,
+            enabled=enabled,
+            expect_revision=expect_revision,
+            now=now,
+            actor=settings.actor,
+        )
+        latest = plan_store.latest_policy_revision(conn, namespace.id, kind)
+    data = _view(result.plan, namespace.name, latest, now)
+    data["created"] = result.created
+    data["changed"] = result.changed
+    if as_json:
+        emit(data, True)
+        return
+    status = "created" if result.created else ("updated" if result.changed else "unchanged")
+    click.echo(str(result.plan.revision))
+    click.echo(f"plan {namespace.name}/{kind} {status} (revision {result.plan.revision})", err=True)
+    if not data["policy_confirmed"]:
+        click.echo(
+            f"warning: policy unconfirmed: plan confirms revision {result.plan.policy_revision}, "
+            f"latest is {latest}; ticks create no job until it is confirmed",
+            err=True,
+        )
+
+
+@plan_group.command("list")
+@click.argument("ns", required=False)
+@json_option
+def plan_list(ns: str | None, as_json: bool) -> None:
+    """List plans (of NS, or of every namespace)."""
+    with platform_engine().connect() as conn:
+        now = db_now(conn)
+        if ns is None:
+            names = {n.id: n.name for n in list_namespaces(conn)}
+            plans = plan_store.list_plans(conn)
+        else:
+            namespace = resolve_namespace(conn, ns)
+            names = {namespace.id: namespace.name}
+            plans = plan_store.list_plans(conn, namespace.id)
+        rows = [
+            _view(
+                p,
+                names.get(p.namespace_id, p.namespace_id.hex()),
+                plan_store.latest_policy_revision(conn, p.namespace_id, p.kind),
+                now,
+            )
+            for p in plans
+        ]
+    if as_json:
+        emit(rows, True)
+        return
+    table = [
+        {
+            "namespace": r["namespace"],
+            "kind": r["kind"],
+            "rev": r["revision"],
+            "enabled": "yes" if r["enabled"] else "no",
+            "interval": format_duration(r["interval_seconds"]),
+            "next_run_at": r["next_run_at"],
+            "policy": f"{r['policy_revision']}/{r['latest_policy_revision']}"
+            + ("" if r["policy_confirmed"] else " UNCONFIRMED"),
+            "active_job": r["active_job_id"] or "-",
+        }
+        for r in rows
+    ]
+    emit_table(
+        table,
+        ["namespace", "kind", "rev", "enabled", "interval", "next_run_at", "policy", "active_job"],
+    )
+
+
+@plan_group.command("show")
+@click.argument("ns")
+@click.argument("kind")
+@json_option
+def plan_show(ns: str, kind: str, as_json: bool) -> None:
+    """Show one plan, with its schedule, active job and policy confirmation."""
+    schedule.validate_kind(kind)
+    with platform_engine().connect() as conn:
+        now = db_now(conn)
+        namespace = resolve_namespace(conn, ns)
+        plan = plan_store.get_plan(conn, namespace.id, kind)
+        if plan is None:
+            from orbit_tasks.errors import NotFound
+
+            raise NotFound(f"namespace {namespace.name!r} has no {kind!r} plan")
+        latest = plan_store.latest_policy_revision(conn, namespace.id, kind)
+    data = _view(plan, namespace.name, latest, now)
+    if as_json:
+        emit(data, True)
+        return
+    lines = [
+        f"plan            {namespace.name}/{kind}",
+        f"namespace_id    {data['namespace_id']}",
+        f"revision        {plan.revision}",
+        f"enabled         {'yes' if plan.enabled else 'no'}",
+        f"storage_id      {data['storage_id']}",
+        f"interval        {format_duration(plan.interval_seconds)} ({plan.interval_seconds}s)",
+        f"batch_size      {plan.batch_size}",
+        f"max_bytes       {format_size(plan.max_bytes)} ({plan.max_bytes})",
+        f"next_run_at     {data['next_run_at']}" + (" (due)" if data["due"] else ""),
+        f"active_job_id   {data['active_job_id'] or '-'}",
+        f"policy          confirmed revision {plan.policy_revision}, latest {latest}"
+        + ("" if data["policy_confirmed"] else "  ** POLICY UNCONFIRMED: no new jobs **"),
+        f"created_at      {data['created_at']}",
+        f"updated_at      {data['updated_at']}",
+    ]
+    click.echo("\n".join(lines))
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(plan_group)
