@@ -30,6 +30,13 @@ from orbit_tasks.platform.store import (
 
 P = archive_plans.c
 J = archive_jobs.c
+OPTION_NAMES = {
+    "storage_id": "--storage",
+    "interval_seconds": "--interval",
+    "batch_size": "--batch-size",
+    "max_bytes": "--max-bytes",
+    "policy_revision": "--policy-revision",
+}
 CONFIG_FIELDS = (
     "enabled",
     "policy_revision",
@@ -161,18 +168,15 @@ def set_plan(
         raise IllegalState(f"namespace {ns_id.hex()} is {state}, not ACTIVE")
 
     current = get_plan(conn, ns_id, kind)
+    given: dict[str, Any] = {
+        "storage_id": storage_id,
+        "interval_seconds": interval,
+        "batch_size": batch_size,
+        "max_bytes": max_bytes,
+        "policy_revision": policy_revision,
+    }
     if current is None:
-        missing = [
-            name
-            for name, value in (
-                ("--storage", storage_id),
-                ("--interval", interval),
-                ("--batch-size", batch_size),
-                ("--max-bytes", max_bytes),
-                ("--policy-revision", policy_revision),
-            )
-            if value is None
-        ]
+        missing = [OPTION_NAMES[k] for k, v in given.items() if v is None]
         if missing:
             raise InvalidInput(f"a new plan needs {', '.join(missing)}")
         if expect_revision not in (None, 0):
@@ -180,26 +184,26 @@ def set_plan(
                 f"plan {kind!r} does not exist (expected revision {expect_revision}; use 0 or "
                 "omit --expect-revision to create it)"
             )
-    elif expect_revision is not None and expect_revision != current.revision:
-        raise StaleRevision(
-            f"plan {kind!r} is at revision {current.revision}, not {expect_revision}"
-        )
+        merged = given
+        new_enabled = bool(enabled)
+    else:
+        if expect_revision is not None and expect_revision != current.revision:
+            raise StaleRevision(
+                f"plan {kind!r} is at revision {current.revision}, not {expect_revision}"
+            )
+        merged = {k: getattr(current, k) if v is None else v for k, v in given.items()}
+        new_enabled = current.enabled if enabled is None else enabled
 
     config = schedule.validate_config(
         schedule.PlanConfig(
             kind=kind,
-            interval_seconds=interval if interval is not None else current.interval_seconds,  # type: ignore[union-attr]
-            batch_size=batch_size if batch_size is not None else current.batch_size,  # type: ignore[union-attr]
-            max_bytes=max_bytes if max_bytes is not None else current.max_bytes,  # type: ignore[union-attr]
-            policy_revision=(
-                policy_revision if policy_revision is not None else current.policy_revision  # type: ignore[union-attr]
-            ),
+            interval_seconds=merged["interval_seconds"],
+            batch_size=merged["batch_size"],
+            max_bytes=merged["max_bytes"],
+            policy_revision=merged["policy_revision"],
         )
     )
-    new_storage = storage_id if storage_id is not None else current.storage_id  # type: ignore[union-attr]
-    new_enabled = (
-        enabled if enabled is not None else (current.enabled if current is not None else False)
-    )
+    new_storage: bytes = merged["storage_id"]
     if not storage_exists(conn, new_storage):
         raise NotFound(f"storage {new_storage.hex()} is not registered (see orbit storage list)")
     latest = latest_policy_revision(conn, ns_id, kind)

@@ -689,3 +689,69 @@ def test_explain_due_plans_and_sweep_use_their_indexes(platform_engine: Engine) 
             _explain_key(conn, plan_store.expired_running_query(s, now, 50))
             == "ix_archive_job_claim"
         )
+
+
+# --- paging and transient faults ----------------------------------------------------------------
+
+
+@pytest.mark.mariadb
+def test_due_scan_pages_past_plans_that_stay_due(
+    platform_engine: Engine, publisher: Publisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orbit_tasks.archive import tick
+
+    monkeypatch.setattr(tick, "DUE_PAGE", 2)
+    w = World(platform_engine)
+    kinds = ["tasks", "events", "audit", "inbox", "workflows"]
+    with platform_engine.begin() as conn:
+        for kind in kinds[1:]:
+            store.add_policy_revision(conn, w.ns, kind, 7 * DAY, "test")
+    for i, kind in enumerate(kinds):
+        w.set(kind)
+        w.move_next_run(dt.timedelta(minutes=10 - i), kind)  # tasks, events are the oldest
+    with platform_engine.begin() as conn:
+        for kind in kinds[:2]:  # the two oldest stay due forever: policy unconfirmed
+            store.add_policy_revision(conn, w.ns, kind, 9 * DAY, "admin")
+    report = run_tick(platform_engine, settings(), publisher)
+    assert sorted(k for _, k in report.policy_unconfirmed) == ["events", "tasks"]
+    assert sorted(k for _, k, _ in report.jobs_created) == ["audit", "inbox", "workflows"]
+
+
+@pytest.mark.mariadb
+def test_unreachable_database_is_a_transient_error(
+    publisher: Publisher, caplog: pytest.LogCaptureFixture
+) -> None:
+    from orbit_tasks.db.engine import make_engine
+    from orbit_tasks.errors import TransientError
+
+    engine = make_engine("mysql+mysqldb://root@127.0.0.1:1/nothing")
+    try:
+        with caplog.at_level("WARNING"), pytest.raises(TransientError):
+            run_tick(engine, settings(), publisher)
+    finally:
+        engine.dispose()
+    failed = [r for r in caplog.records if getattr(r, "action", "") == "archive.tick.failed"]
+    assert failed and failed[0].fields["stage"] == "plans"  # type: ignore[attr-defined]
+    assert "127.0.0.1" not in failed[0].getMessage()  # no raw exception text
+
+
+@pytest.mark.mariadb
+@pytest.mark.redis
+def test_unreachable_broker_is_transient_and_the_next_tick_publishes(
+    platform_engine: Engine, publisher: Publisher, rds: redis.Redis
+) -> None:
+    from orbit_tasks.errors import TransientError
+
+    w = World(platform_engine)
+    w.set()
+    dead = Celery("orbit-test-dead", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    dead.conf.broker_connection_retry_on_startup = False
+    try:
+        with pytest.raises(TransientError, match="broker"):
+            run_tick(platform_engine, settings(), make_publisher(dead))
+    finally:
+        dead.close()
+    (job,) = w.jobs()  # the job creation committed before the publish failed
+    report = run_tick(platform_engine, settings(), publisher)
+    assert report.jobs_created == [] and report.wakeups_published == 1
+    assert bytes(job.id).hex() in rds.lindex(queue_name(w.storage), 0).decode()  # type: ignore[union-attr]
