@@ -501,7 +501,7 @@ def seed_history(
     """Generate and insert ``spec`` into ``conn`` (the caller's one transaction)."""
     kind = HISTORY_KINDS[spec.kind]
     roots = settled = kids = 0
-    for chunk in generate(spec, ns_id, queue_ids, rng, now):
+    for chunk in generate(spec, ns_id, queue_ids, rng, now, CHUNK_ROOTS):
         insert_chunk(conn, kind, chunk)
         roots += len(chunk.roots)
         settled += chunk.settled
