@@ -1,0 +1,212 @@
+"""Job files on a real filesystem: durable publish, no overwrite, cleanup, zcat, ENOSPC, verify."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive import volume as vol
+from orbit_tasks.archive.verify import (
+    ChainInvalid,
+    export_roots,
+    verify_job_dir,
+    verify_job_prefix,
+)
+from tests.unit.archive_chain_helpers import JOB, NS, Chain, build_chain, rid, with_expect
+
+
+def _write_chain(directory: Path, chain: Chain) -> None:
+    for name, data in chain.files:
+        vol.write_job_file(directory, name, data)
+
+
+def _blob(seq: int, size: int = 1000) -> tuple[str, bytes]:
+    data = os.urandom(size)
+    return ff.batch_name(seq, ff.sha256_hex(data)), data
+
+
+def test_write_job_file_publishes_durably(tmp_path: Path) -> None:
+    directory = vol.job_dir(tmp_path, NS, JOB)  # <volume>/<ns>/<job>, created on demand
+    name, data = _blob(1)
+    stored = vol.store_job_file(directory, name, data)
+    assert stored.created and stored.path == directory / name
+    assert stored.path.read_bytes() == data
+    assert os.stat(stored.path).st_ino == stored.inode
+    assert sorted(os.listdir(directory)) == [name]  # no temp file left behind
+    assert os.listdir(tmp_path) == [NS.hex()]
+    again = vol.store_job_file(directory, name, data)
+    assert not again.created and again.inode == stored.inode  # left untouched
+    assert vol.write_job_file(directory, name, data) == directory / name
+    assert sorted(os.listdir(directory)) == [name]
+
+
+def test_existing_name_is_never_overwritten(tmp_path: Path) -> None:
+    name, data = _blob(2)
+    path = tmp_path / name
+    path.write_bytes(b"something else")  # e.g. a corrupted file under the confirmed name
+    with pytest.raises(vol.FileConflict):
+        vol.write_job_file(tmp_path, name, data)
+    assert path.read_bytes() == b"something else"
+    other = os.urandom(10)
+    with pytest.raises(ValueError):
+        vol.write_job_file(tmp_path, name, other)  # bytes that do not match the name
+    with pytest.raises(ValueError):
+        vol.write_job_file(tmp_path, "notes.txt", other)
+    assert path.read_bytes() == b"something else"
+    assert sorted(os.listdir(tmp_path)) == [name]
+
+
+def test_io_error_maps_to_archive_io_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    name, data = _blob(1)
+    with pytest.raises(vol.ArchiveIOError) as err:
+        vol.write_job_file(blocker / "job", name, data)
+    assert not isinstance(err.value, vol.DiskFull)
+    assert "ENOTDIR" in str(err.value) and data.hex()[:16] not in str(err.value)
+
+
+def test_list_and_remove_beyond_prefix(tmp_path: Path) -> None:
+    chain = build_chain()
+    _write_chain(tmp_path, chain)
+    dup_name, dup = _blob(1)
+    (tmp_path / dup_name).write_bytes(dup)  # a stray duplicate at the tail position
+    (tmp_path / ".tmp-00000004-x.jsonl.gz.1.ab").write_bytes(b"half")
+    (tmp_path / "README").write_bytes(b"operator note")
+    listed = vol.list_job_files(tmp_path)
+    assert [p.seq for _, p in listed] == [0, 1, 1, 2, 3]
+    assert all(not n.startswith(".tmp-") for n, _ in listed)
+    removed = vol.remove_beyond_prefix(tmp_path, 1, last_sha256=chain.name(1)[9:73])
+    assert sorted(removed) == sorted(
+        [chain.name(2), chain.name(3), dup_name, ".tmp-00000004-x.jsonl.gz.1.ab"]
+    )
+    assert sorted(os.listdir(tmp_path)) == sorted([chain.name(0), chain.name(1), "README"])
+    assert vol.remove_beyond_prefix(tmp_path, 1) == []
+    assert sorted(vol.remove_beyond_prefix(tmp_path, 0, last_sha256="")) == sorted(
+        [chain.name(0), chain.name(1)]
+    )
+    assert os.listdir(tmp_path) == ["README"]
+    assert vol.remove_beyond_prefix(tmp_path / "absent", 0) == []
+    assert vol.list_job_files(tmp_path / "absent") == []
+
+
+def test_remove_file_if_unconfirmed_is_inode_fenced(tmp_path: Path) -> None:
+    name, data = _blob(3)
+    mine = vol.store_job_file(tmp_path, name, data)
+    assert not vol.remove_file_if_unconfirmed(tmp_path, name, {name}, inode=mine.inode)
+    assert (tmp_path / name).exists()
+    # The new owner removed our leftover and re-wrote the same name: never delete its file.
+    keep = tmp_path.parent / f"{tmp_path.name}-keep"
+    os.link(tmp_path / name, keep)  # keeps our inode allocated so its number is not reused
+    (tmp_path / name).unlink()
+    theirs = vol.store_job_file(tmp_path, name, data)
+    assert theirs.created and theirs.inode != mine.inode
+    assert not vol.remove_file_if_unconfirmed(tmp_path, name, set(), inode=mine.inode)
+    assert os.stat(tmp_path / name).st_ino == theirs.inode  # put back, same file
+    assert (tmp_path / name).read_bytes() == data
+    assert sorted(os.listdir(tmp_path)) == [name]
+    keep.unlink()
+    assert vol.remove_file_if_unconfirmed(tmp_path, name, set(), inode=theirs.inode)
+    assert not (tmp_path / name).exists()
+    assert not vol.remove_file_if_unconfirmed(tmp_path, name, set(), inode=theirs.inode)
+    vol.write_job_file(tmp_path, name, data)
+    assert vol.remove_file_if_unconfirmed(tmp_path, name, set())
+    assert os.listdir(tmp_path) == []
+
+
+def test_zcat_reads_a_batch(tmp_path: Path) -> None:
+    zcat = shutil.which("zcat")
+    if zcat is None:
+        pytest.skip("zcat is not installed on this machine")
+    chain = build_chain()
+    _write_chain(tmp_path, chain)
+    out = subprocess.run(
+        [zcat, str(tmp_path / chain.name(2))], check=True, capture_output=True, timeout=30
+    )
+    assert out.stdout == gzip.decompress(chain.data(2))
+    assert out.stdout.split(b"\n")[0].startswith(b'{"final":false,"first":[')
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    try:
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot run mount ({type(exc).__name__}); ENOSPC test needs a small tmpfs")
+    if res.returncode != 0:
+        pytest.skip("mounting a 64 KiB tmpfs is not permitted here (needs root/CAP_SYS_ADMIN)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
+
+
+def test_disk_full_raises_and_leaves_no_partial_file(small_tmpfs: Path) -> None:
+    directory = small_tmpfs / "ns" / "job"
+    written: list[str] = []
+    with pytest.raises(vol.DiskFull):
+        for seq in range(1, 40):
+            name, data = _blob(seq, 16 * 1024)
+            vol.write_job_file(directory, name, data)
+            written.append(name)
+    assert written  # some files fit before the volume filled up
+    names = sorted(os.listdir(directory))
+    assert names == sorted(written)  # no temp file, no partial final file
+    for name in names:
+        assert ff.sha256_hex((directory / name).read_bytes()) == ff.parse_name(name).sha256  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- verify / export
+
+
+def test_verify_job_dir_and_export(tmp_path: Path) -> None:
+    chain = build_chain()
+    directory = tmp_path / "job"
+    _write_chain(directory, chain)
+    (directory / ".tmp-00000004-zz.jsonl.gz.1.ab").write_bytes(b"in flight")  # ignored
+    report = verify_job_dir(directory, chain.expect)
+    assert report.ok and report.roots == 5 and report.bytes == chain.expect.bytes
+    lines = list(export_roots(directory, chain.expect))
+    assert [ln["root"]["id"] for ln in lines] == [rid(i).hex() for i in range(1, 6)]
+    assert lines[0]["root"]["request_json"] == (
+        '{"amount":1.10,"big":12345678901234567890.000,"n":"\U0001f600"}'
+    )
+    assert lines[0]["children"]["orbit_task_attempts"][0]["task_id"] == rid(1).hex()
+    prefix = verify_job_prefix(directory, chain.expect)
+    assert prefix.ok and prefix.cursor is not None and prefix.cursor[1] == rid(5)
+    assert verify_job_prefix(directory, chain.expect, full=True).ok
+
+
+def test_verify_job_dir_names_missing_and_bad_files(tmp_path: Path) -> None:
+    chain = build_chain()
+    missing = verify_job_dir(tmp_path / "nope", chain.expect)
+    assert not missing.ok and missing.first_bad_file == str(tmp_path / "nope")
+    nothing = with_expect(chain, batches=0, roots=0, bytes=0, last_sha256="", complete=False)
+    assert verify_job_dir(tmp_path / "nope", nothing).ok
+    directory = tmp_path / "job"
+    _write_chain(directory, chain)
+    (directory / chain.name(2)).unlink()
+    report = verify_job_dir(directory, chain.expect)
+    assert not report.ok and report.first_bad_file == chain.name(2)
+    with pytest.raises(ChainInvalid, match=chain.name(2)):
+        list(export_roots(directory, chain.expect))
+    (directory / chain.name(2)).write_bytes(chain.data(3))  # wrong content under the name
+    report = verify_job_dir(directory, chain.expect)
+    assert not report.ok and report.first_bad_file == chain.name(2)
+    (directory / chain.name(2)).write_bytes(chain.data(2))
+    (directory / "stray.bin").write_bytes(b"x")
+    report = verify_job_dir(directory, chain.expect)
+    assert not report.ok and report.first_bad_file == "stray.bin"
