@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -402,3 +403,75 @@ def test_tokens_and_keys_never_reach_the_database_or_the_log(platform: Platform)
     for token in tokens:
         assert token not in everything
         assert hashlib.sha256(token.encode()).hexdigest() in everything
+
+
+# --- other databases and failures -----------------------------------------------------------------
+
+
+def test_embedded_sqlite_platform(tmp_path: Path) -> None:
+    """The demo's embedded default: same API on a SQLite platform file, racing included."""
+    url = f"sqlite:///{tmp_path / 'platform.sqlite3'}"
+    with migrated_engine(url, "platform") as engine:
+        with engine.begin() as conn:
+            ns = ps.create_namespace(conn, "acme")
+            ps.create_queue(conn, ns, "emails")
+            _, token = ps.create_credential(conn, ns, None)
+        body = '{"a": 1e400, "b": "😀"}'.encode()
+        with running_api_server(url) as server:
+            headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "k-sqlite"}
+            target = f"{server.base_url}/v1/namespaces/acme/queues/emails/tasks"
+            results: list[httpx.Response] = []
+            lock = threading.Lock()
+
+            def send() -> None:
+                resp = httpx.post(target, headers=headers, content=body, timeout=60)
+                with lock:
+                    results.append(resp)
+
+            threads = [threading.Thread(target=send) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+        assert sorted(r.status_code for r in results) == [200] * 7 + [201]
+        assert len({r.content for r in results}) == 1
+        with engine.connect() as conn:
+            stored = conn.execute(select(tasks.c.request_json)).scalars().all()
+            record = conn.execute(select(idempotency_records)).one()
+        assert [s.encode() for s in stored] == [body]
+        assert record.expires_at - record.created_at == timedelta(hours=72)
+
+
+def test_unreachable_database_is_503_and_broken_schema_is_500_without_leaks(
+    mariadb_url: str,
+) -> None:
+    token = "orb_leakcheck_token_value"
+    key = "leakcheck-key"
+    post_headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": key}
+    body = b'{"leak": "check"}'
+    # a port nobody listens on: every database call fails with OperationalError
+    with running_api_server("mysql+mysqldb://root@127.0.0.1:1/none") as down:
+        with httpx.Client(base_url=down.base_url, timeout=60) as client:
+            assert client.get("/healthz").status_code == 200
+            resp = client.post(
+                "/v1/namespaces/acme/queues/q/tasks", headers=post_headers, content=body
+            )
+            assert (resp.status_code, error_code(resp)) == (503, "unavailable")
+            resp = client.get("/v1/credential", headers={"Authorization": f"Bearer {token}"})
+            assert (resp.status_code, error_code(resp)) == (503, "unavailable")
+        down_log = down.output()
+    # an empty (never migrated) database: the SQL itself fails
+    with running_api_server(mariadb_url) as broken:
+        with httpx.Client(base_url=broken.base_url, timeout=60) as client:
+            resp = client.post(
+                "/v1/namespaces/acme/queues/q/tasks", headers=post_headers, content=body
+            )
+            assert (resp.status_code, error_code(resp)) == (500, "internal")
+        broken_log = broken.output()
+    assert "api.db.unavailable" in down_log
+    assert "api.request.failed" in broken_log
+    for log_text in (down_log, broken_log):
+        assert "Traceback" not in log_text
+        assert token not in log_text
+        assert key not in log_text
+        assert "leak" not in log_text

@@ -223,3 +223,21 @@ def test_problem_body_is_the_error_envelope() -> None:
     exc = receipts.conflict()
     assert json.loads(exc.body()) == {"error": "idempotency_conflict", "message": exc.message}
     assert exc.status == 409
+
+
+# --- CLI ----------------------------------------------------------------------------------------
+
+
+def test_api_serve_cli_help_and_bad_port() -> None:
+    from click.testing import CliRunner
+
+    from orbit_tasks.cli.main import cli
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["api", "serve", "--help"])
+    assert result.exit_code == 0
+    assert "--host" in result.output and "127.0.0.1" in result.output
+    assert "--log-level" in result.output
+    bad = runner.invoke(cli, ["api", "serve", "--port", "70000"])
+    assert bad.exit_code == 2
+    assert "70000" in bad.output and "1<=x<=65535" in bad.output
