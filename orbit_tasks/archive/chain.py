@@ -1,7 +1,23 @@
 """Pure verification of an ``orbit-archive/1`` chain against its job row (SPEC §5 step 2/5, §6).
 
-Public entry points are re-exported by :mod:`orbit_tasks.archive.fileformat` (``verify_chain``,
-``verify_prefix``, ``ChainExpectation``, ``VerifyReport``); the rules are described there.
+Use it through :mod:`orbit_tasks.archive.fileformat` (``verify_chain``, ``verify_prefix``,
+``ChainExpectation``, ``VerifyReport``); file contents may be bytes or zero-argument loaders.
+
+Verification API:
+
+* :func:`verify_chain` (files, expect) checks the confirmed chain 0..``expect.batches`` in full.
+  With ``expect.complete`` (job SUCCEEDED) any file beyond the chain is an error, the last batch
+  must be final and the roots must add up to the manifest's ``roots_total``. Without it, files
+  beyond the confirmed prefix are ignored and listed in ``VerifyReport.beyond``.
+* :func:`verify_prefix` (files, expect, full=False) is the runner's step 2: with ``full=False``
+  only the tail file (``tail_name(batches, last_sha256)``) is checked -- present, hashes to
+  ``last_sha256``, decodes, seq/job match -- so the caller may pass just that one file. With
+  ``full=True`` (after a takeover) it is :func:`verify_chain` with ``complete=False``.
+* Reports carry ``cursor`` = the (settled, id) of the last verified root (``None`` if none), the
+  point after which the next batch starts. ``first_bad_file`` names the first bad file in chain
+  order (a missing batch gets its exact name when its successor's header names it, else
+  ``<seq>-*.jsonl.gz``); row totals that disagree with
+  correct files name the tail file; ``roots_total`` disagreement names the manifest.
 """
 
 from __future__ import annotations

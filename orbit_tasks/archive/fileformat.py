@@ -28,20 +28,8 @@ Decisions (document-worthy):
 * An empty batch is never built (:func:`build_batch` raises ``ValueError``); an empty range is a
   manifest with ``roots_total`` 0 and no batches.
 
-Verification API:
-
-* :func:`verify_chain` (files, expect) checks the confirmed chain 0..``expect.batches`` in full.
-  With ``expect.complete`` (job SUCCEEDED) any file beyond the chain is an error, the last batch
-  must be final and the roots must add up to the manifest's ``roots_total``. Without it, files
-  beyond the confirmed prefix are ignored and listed in ``VerifyReport.beyond``.
-* :func:`verify_prefix` (files, expect, full=False) is the runner's step 2: with ``full=False``
-  only the tail file (``tail_name(batches, last_sha256)``) is checked -- present, hashes to
-  ``last_sha256``, decodes, seq/job match -- so the caller may pass just that one file. With
-  ``full=True`` (after a takeover) it is :func:`verify_chain` with ``complete=False``.
-* Reports carry ``cursor`` = the (settled, id) of the last verified root (``None`` if none), the
-  point after which the next batch starts. ``first_bad_file`` names the first bad file in chain
-  order (a missing middle batch is named ``<seq>-*.jsonl.gz``); row totals that disagree with
-  correct files name the tail file; ``roots_total`` disagreement names the manifest.
+Chain verification (:func:`verify_chain`, :func:`verify_prefix`) is described in
+:mod:`orbit_tasks.archive.chain`, which implements it; the names are exported here.
 """
 
 from __future__ import annotations
@@ -64,23 +52,15 @@ if TYPE_CHECKING:
 
 FORMAT = "orbit-archive/1"
 GZIP_LEVEL = 6
-_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # magic, deflate, FLG 0, mtime 0, OS ?
-MANIFEST_KEYS = frozenset(
-    {
-        "format",
-        "namespace_id",
-        "job_id",
-        "kind",
-        "plan_revision",
-        "policy_revision",
-        "storage_id",
-        "batch_size",
-        "range",
-        "roots_total",
-        "source",
-        "created_at",
-    }
+_GZIP_HEADER = (
+    b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # magic, deflate, FLG 0, mtime 0, XFL 0, OS 255
 )
+# fmt: off
+MANIFEST_KEYS = frozenset((
+    "format", "namespace_id", "job_id", "kind", "plan_revision", "policy_revision", "storage_id",
+    "batch_size", "range", "roots_total", "source", "created_at",
+))
+# fmt: on
 HEADER_KEYS = frozenset(
     {"format", "job_id", "seq", "prev_sha256", "roots", "first", "last", "final"}
 )
