@@ -43,8 +43,10 @@ enable_utc = True
 
 # Hard limit strictly below the archive lease so a stuck claim dies before another node may take
 # it over; the soft limit leaves time to release cleanly.
-task_time_limit = max(5, _settings.archive_lease_seconds - 10)
-task_soft_time_limit = max(3, _settings.archive_lease_seconds - 20)
+# margin = lease/6 clamped to 1..10 s: lease 120 -> hard 110 / soft 100; lease 6 -> hard 5 / soft 4.
+_margin = max(1, min(10, _settings.archive_lease_seconds // 6))
+task_time_limit = _settings.archive_lease_seconds - _margin
+task_soft_time_limit = max(1, task_time_limit - _margin)
 
 task_routes = {
     "orbit.archive.tick": {"queue": "orbit.control"},

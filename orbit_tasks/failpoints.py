@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 ENV = "ORBIT_FAILPOINTS"
+_hits: dict[str, int] = {}
 
 
 def _parse(raw: str) -> dict[str, str]:
@@ -42,6 +43,13 @@ def hit(name: str) -> None:
     action = _parse(raw).get(name)
     if action is None:
         return
+    verb, sep, rest = action.partition(":")
+    if "@" in verb:
+        verb, nth = verb.split("@", 1)
+        _hits[name] = _hits.get(name, 0) + 1
+        if _hits[name] != int(nth):
+            return
+        action = verb + sep + rest
     if action == "exit":
         os._exit(137)
     if action.startswith("stop:"):

@@ -73,7 +73,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build and validate settings from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
     var_dir = Path(env.get("ORBIT_VAR_DIR") or "var").resolve()
-    lease = _int(env, "ORBIT_ARCHIVE_LEASE_SECONDS", 120, 10, 86400)
+    lease = _int(env, "ORBIT_ARCHIVE_LEASE_SECONDS", 120, 4, 86400)
     slice_s = _int(env, "ORBIT_ARCHIVE_SLICE_SECONDS", 20, 1, 86400)
     if slice_s >= lease:
         raise InvalidInput(

@@ -1,0 +1,537 @@
+"""Every SQL statement on archive jobs (SPEC §5) and the archiver's read-only source queries.
+
+Ownership is compare-and-set on the job row: a claim moves PENDING / expired RUNNING to RUNNING
+with a fresh random ``lease_id``; every later write of that claim is fenced by
+``lease_id = :mine AND state = 'RUNNING'`` (plus the confirmed ``batches``/``last_sha256`` it
+builds on). ``rowcount != 1`` means the lease is lost: :class:`LeaseLost`. ``now`` is always the
+database clock, read inside the same transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, and_, func, or_, select, update
+
+from orbit_tasks.archive.jobs import (
+    ErrorCode,
+    Job,
+    JobFailure,
+    JobState,
+    check_abandon,
+    check_expected_revision,
+    check_retry,
+    claimable,
+    is_takeover,
+)
+from orbit_tasks.archive.ranges import ArchiveRange, RangeInputs, derive_range
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.platform_tables import archive_jobs as J
+from orbit_tasks.db.platform_tables import archive_plans
+from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
+from orbit_tasks.ids import random_id
+from orbit_tasks.platform.history import HistoryKind, history_kind
+from orbit_tasks.platform.store import get_policy, insert_audit
+
+After = Literal["keep", "chain", "release"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim: the job row as this claim wrote it, and whether it took over a dead claim."""
+
+    job: Job
+    lease_id: bytes
+    takeover: bool
+    claimed_at: datetime  # database clock at the claim
+
+
+def _key(ns_id: bytes, job_id: bytes) -> Any:
+    return and_(J.c.namespace_id == ns_id, J.c.id == job_id)
+
+
+def get_job(conn: Connection, ns_id: bytes, job_id: bytes) -> Job | None:
+    row = conn.execute(select(J).where(_key(ns_id, job_id))).first()
+    return None if row is None else Job.from_row(row)
+
+
+def require_job(conn: Connection, ns_id: bytes, job_id: bytes) -> Job:
+    job = get_job(conn, ns_id, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id.hex()} does not exist in namespace {ns_id.hex()}")
+    return job
+
+
+# --- claim / confirm / release / fail / finalize -------------------------------------------------
+
+
+def claim(engine: Engine, ns_id: bytes, job_id: bytes, lease_seconds: int) -> Claim | None:
+    """Compare-and-set PENDING (or RUNNING with ``lease_until < now``) -> RUNNING.
+
+    Returns None when the job is not claimable or another node won the race.
+    """
+    with engine.begin() as conn:
+        now = db_now(conn)
+        job = get_job(conn, ns_id, job_id)
+        if job is None or not claimable(job.state, job.lease_until, now):
+            return None
+        lease_id = random_id()
+        cond = [_key(ns_id, job_id), J.c.state == job.state.value, J.c.revision == job.revision]
+        if job.state is JobState.RUNNING:
+            cond.append(J.c.lease_until < now)
+        result = conn.execute(
+            update(J)
+            .where(*cond)
+            .values(
+                state=JobState.RUNNING.value,
+                lease_id=lease_id,
+                lease_until=now + timedelta(seconds=lease_seconds),
+                attempts=J.c.attempts + 1,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            return None
+        after = require_job(conn, ns_id, job_id)
+    return Claim(after, lease_id, is_takeover(job.state), now)
+
+
+def _fence(c: Claim) -> list[Any]:
+    return [
+        _key(c.job.namespace_id, c.job.id),
+        J.c.lease_id == c.lease_id,
+        J.c.state == JobState.RUNNING.value,
+    ]
+
+
+def confirm(
+    engine: Engine,
+    c: Claim,
+    *,
+    is_batch: bool,
+    roots: int,
+    size: int,
+    sha256: str,
+    after: After,
+    lease_seconds: int,
+) -> Claim | None:
+    """Confirm one durably written file, fenced by the claim and the prefix it extends.
+
+    ``after``: ``keep`` the lease (a final batch, finalize follows), ``chain`` the next claim into
+    the same statement (attempts+1, a fresh lease id and lease_until), or ``release`` the job to
+    PENDING (time slice over). Returns the chained claim for ``chain``, else None.
+    Raises :class:`LeaseLost` when the fence matches no row.
+    """
+    with engine.begin() as conn:
+        now = db_now(conn)
+        values: dict[str, Any] = dict(
+            batches=J.c.batches + (1 if is_batch else 0),
+            roots=J.c.roots + roots,
+            bytes=J.c.bytes + size,
+            last_sha256=sha256,
+            revision=J.c.revision + 1,
+            updated_at=now,
+        )
+        new_lease: bytes | None = None
+        if after == "chain":
+            new_lease = random_id()
+            values.update(
+                attempts=J.c.attempts + 1,
+                lease_id=new_lease,
+                lease_until=now + timedelta(seconds=lease_seconds),
+            )
+        elif after == "release":
+            values.update(state=JobState.PENDING.value, lease_id=None, lease_until=None)
+        result = conn.execute(
+            update(J)
+            .where(
+                *_fence(c),
+                J.c.batches == c.job.batches,
+                J.c.last_sha256 == c.job.last_sha256,
+            )
+            .values(**values)
+        )
+        if result.rowcount != 1:
+            raise LeaseLost(f"job {c.job.id.hex()}: confirm rejected, lease lost")
+        job = require_job(conn, c.job.namespace_id, c.job.id)
+    if new_lease is not None:
+        return Claim(job, new_lease, False, now)
+    return Claim(job, c.lease_id, False, now) if after == "keep" else None
+
+
+def release(engine: Engine, c: Claim) -> None:
+    """Give the job back to PENDING (lease cleared) without confirming anything."""
+    with engine.begin() as conn:
+        now = db_now(conn)
+        result = conn.execute(
+            update(J)
+            .where(*_fence(c))
+            .values(
+                state=JobState.PENDING.value,
+                lease_id=None,
+                lease_until=None,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            raise LeaseLost(f"job {c.job.id.hex()}: release rejected, lease lost")
+
+
+def fail(engine: Engine, c: Claim, code: ErrorCode) -> None:
+    """FAILED with ``code`` (lease cleared), fenced. The plan keeps ``active_job_id``."""
+    with engine.begin() as conn:
+        now = db_now(conn)
+        result = conn.execute(
+            update(J)
+            .where(*_fence(c))
+            .values(
+                state=JobState.FAILED.value,
+                error_code=code.value,
+                lease_id=None,
+                lease_until=None,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            raise LeaseLost(f"job {c.job.id.hex()}: fail rejected, lease lost")
+
+
+def _clear_plan(conn: Connection, job: Job) -> None:
+    conn.execute(
+        update(archive_plans)
+        .where(
+            archive_plans.c.namespace_id == job.namespace_id,
+            archive_plans.c.kind == job.kind,
+            archive_plans.c.active_job_id == job.id,
+        )
+        .values(active_job_id=None)
+    )
+
+
+def finalize(engine: Engine, c: Claim) -> None:
+    """SUCCEEDED with the lease cleared and the plan's ``active_job_id`` cleared (if it still
+    points at this job), in one transaction, fenced by the claim and the confirmed chain."""
+    with engine.begin() as conn:
+        now = db_now(conn)
+        result = conn.execute(
+            update(J)
+            .where(
+                *_fence(c),
+                J.c.batches == c.job.batches,
+                J.c.last_sha256 == c.job.last_sha256,
+            )
+            .values(
+                state=JobState.SUCCEEDED.value,
+                lease_id=None,
+                lease_until=None,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            raise LeaseLost(f"job {c.job.id.hex()}: finalize rejected, lease lost")
+        _clear_plan(conn, c.job)
+
+
+# --- manual operations ---------------------------------------------------------------------------
+
+
+def retry(
+    engine: Engine,
+    ns_id: bytes,
+    job_id: bytes,
+    *,
+    actor: str,
+    max_bytes: int | None = None,
+    expect_revision: int | None = None,
+) -> Job:
+    """FAILED -> PENDING, error_code cleared, optionally a higher ``max_bytes``; audited."""
+    with engine.begin() as conn:
+        job = require_job(conn, ns_id, job_id)
+        check_expected_revision(job.revision, expect_revision)
+        new_max = check_retry(job.state, job.max_bytes, max_bytes)
+        now = db_now(conn)
+        result = conn.execute(
+            update(J)
+            .where(_key(ns_id, job_id), J.c.state == job.state.value, J.c.revision == job.revision)
+            .values(
+                state=JobState.PENDING.value,
+                error_code="",
+                max_bytes=new_max,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            raise StaleRevision(f"job {job_id.hex()} changed concurrently; read it again")
+        insert_audit(
+            conn,
+            ns_id,
+            actor=actor,
+            action="archive.job.retry",
+            target_kind="archive_job",
+            target_id=job_id.hex(),
+            detail={
+                "from_state": job.state.value,
+                "error_code": job.error_code,
+                "max_bytes": new_max,
+                "previous_max_bytes": job.max_bytes,
+                "revision": job.revision + 1,
+            },
+            at=now,
+        )
+        return require_job(conn, ns_id, job_id)
+
+
+def abandon(
+    engine: Engine,
+    ns_id: bytes,
+    job_id: bytes,
+    *,
+    actor: str,
+    expect_revision: int | None = None,
+) -> Job:
+    """FAILED / PENDING / expired RUNNING -> ABANDONED; clears the plan's active job; audited.
+    Files stay on the volume."""
+    with engine.begin() as conn:
+        job = require_job(conn, ns_id, job_id)
+        check_expected_revision(job.revision, expect_revision)
+        now = db_now(conn)
+        check_abandon(job.state, job.lease_until, now)
+        cond = [_key(ns_id, job_id), J.c.state == job.state.value, J.c.revision == job.revision]
+        if job.state is JobState.RUNNING:
+            cond.append(J.c.lease_until < now)
+        result = conn.execute(
+            update(J)
+            .where(*cond)
+            .values(
+                state=JobState.ABANDONED.value,
+                lease_id=None,
+                lease_until=None,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            raise StaleRevision(f"job {job_id.hex()} changed concurrently; read it again")
+        _clear_plan(conn, job)
+        insert_audit(
+            conn,
+            ns_id,
+            actor=actor,
+            action="archive.job.abandon",
+            target_kind="archive_job",
+            target_id=job_id.hex(),
+            detail={
+                "from_state": job.state.value,
+                "error_code": job.error_code,
+                "revision": job.revision + 1,
+            },
+            at=now,
+        )
+        return require_job(conn, ns_id, job_id)
+
+
+# --- listing -------------------------------------------------------------------------------------
+
+
+def encode_cursor(created_at: datetime, job_id: bytes) -> str:
+    raw = json.dumps([created_at.isoformat(), job_id.hex()]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, bytes]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        ts, hex_id = json.loads(raw)
+        return datetime.fromisoformat(ts), bytes.fromhex(hex_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(
+            f"--after {cursor!r} is not a cursor printed by 'orbit job list' ({type(exc).__name__})"
+        ) from None
+
+
+def list_jobs(
+    conn: Connection,
+    ns_id: bytes,
+    *,
+    state: JobState | None = None,
+    limit: int = 50,
+    after: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """Jobs of a namespace oldest first (keyset on ix_archive_job_list); returns the next cursor."""
+    if not 1 <= limit <= 1000:
+        raise InvalidInput(f"--limit {limit} is out of range (allowed 1..1000)")
+    q = select(J).where(J.c.namespace_id == ns_id)
+    if state is not None:
+        q = q.where(J.c.state == state.value)
+    if after is not None:
+        c_at, c_id = decode_cursor(after)
+        q = q.where(or_(J.c.created_at > c_at, and_(J.c.created_at == c_at, J.c.id > c_id)))
+    rows = conn.execute(q.order_by(J.c.created_at, J.c.id).limit(limit + 1)).all()
+    jobs = [Job.from_row(r) for r in rows[:limit]]
+    nxt = encode_cursor(jobs[-1].created_at, jobs[-1].id) if len(rows) > limit else None
+    return jobs, nxt
+
+
+# --- fixed range and source reads (read-only) ----------------------------------------------------
+
+
+def job_range(conn: Connection, job: Job) -> ArchiveRange:
+    """The job's fixed range, recomputed from database rows (SPEC §5).
+
+    Raises ``JobFailure(POLICY_MISSING)`` when a policy revision row it needs is gone.
+    """
+    policy = get_policy(conn, job.namespace_id, job.kind, job.policy_revision)
+    if policy is None:
+        raise JobFailure(ErrorCode.POLICY_MISSING)
+    prev = conn.execute(
+        select(J.c.created_at, J.c.policy_revision)
+        .where(
+            J.c.namespace_id == job.namespace_id,
+            J.c.kind == job.kind,
+            J.c.state == JobState.SUCCEEDED.value,
+            or_(
+                J.c.created_at < job.created_at,
+                and_(J.c.created_at == job.created_at, J.c.id < job.id),
+            ),
+        )
+        .order_by(J.c.created_at.desc(), J.c.id.desc())
+        .limit(1)
+    ).first()
+    if prev is None:
+        return derive_range(RangeInputs(job.created_at, policy.archive_after_seconds))
+    prev_policy = get_policy(conn, job.namespace_id, job.kind, int(prev.policy_revision))
+    if prev_policy is None:
+        raise JobFailure(ErrorCode.POLICY_MISSING)
+    return derive_range(
+        RangeInputs(
+            job.created_at,
+            policy.archive_after_seconds,
+            prev.created_at,
+            prev_policy.archive_after_seconds,
+        )
+    )
+
+
+def _range_cond(hk: HistoryKind, ns_id: bytes, rng: ArchiveRange) -> list[Any]:
+    cond = [hk.root.c.namespace_id == ns_id, hk.settled < rng.until]
+    if rng.from_ is not None:
+        cond.append(hk.settled >= rng.from_)
+    return cond
+
+
+def count_roots(conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange) -> int:
+    """``roots_total`` of the manifest: roots with ``from <= settled < until``."""
+    if rng.empty:
+        return 0
+    hk = history_kind(kind)
+    q = select(func.count()).select_from(hk.root).where(*_range_cond(hk, ns_id, rng))
+    return int(conn.execute(q).scalar_one())
+
+
+@dataclass(frozen=True)
+class SourcePage:
+    records: list[Any]  # fileformat.RootRecord
+    has_more: bool
+
+
+def roots_query(
+    kind: str,
+    ns_id: bytes,
+    rng: ArchiveRange,
+    cursor: tuple[datetime, bytes] | None,
+    limit: int,
+) -> Any:
+    """The hot batch query: keyset on (settled, id) in the range, on the kind's settled index."""
+    hk = history_kind(kind)
+    cond = _range_cond(hk, ns_id, rng)
+    if cursor is not None:
+        t, i = cursor
+        cond.append(or_(hk.settled > t, and_(hk.settled == t, hk.root.c.id > i)))
+    return select(hk.root).where(*cond).order_by(hk.settled, hk.root.c.id).limit(limit)
+
+
+def read_roots_after(
+    conn: Connection,
+    kind: str,
+    ns_id: bytes,
+    rng: ArchiveRange,
+    cursor: tuple[datetime, bytes] | None,
+    limit: int,
+) -> SourcePage:
+    """Up to ``limit`` roots after ``cursor`` with all their children; peeks one more root to tell
+    whether this page is the last one. Never modifies a source row."""
+    from orbit_tasks.archive.fileformat import RootRecord
+
+    if rng.empty:
+        return SourcePage([], False)
+    hk = history_kind(kind)
+    rows = conn.execute(roots_query(kind, ns_id, rng, cursor, limit + 1)).all()
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    ids = [r.id for r in rows]
+    children: dict[str, dict[bytes, list[dict[str, Any]]]] = {}
+    for child in hk.children:
+        grouped: dict[bytes, list[dict[str, Any]]] = defaultdict(list)
+        if ids:
+            t = child.table
+            parent = t.c[child.parent_column]
+            pk = list(t.primary_key.columns)
+            for crow in conn.execute(
+                select(t).where(t.c.namespace_id == ns_id, parent.in_(ids)).order_by(*pk)
+            ):
+                grouped[bytes(crow._mapping[child.parent_column])].append(dict(crow._mapping))
+        children[child.table.name] = grouped
+    records = [
+        RootRecord(
+            root=dict(r._mapping),
+            children={name: list(g.get(bytes(r.id), [])) for name, g in children.items()},
+        )
+        for r in rows
+    ]
+    return SourcePage(records, has_more)
+
+
+def root_keys_in_range(conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange) -> list[bytes]:
+    """Ids of every root in the range in (settled, id) order (tests and ``export`` comparisons)."""
+    if rng.empty:
+        return []
+    hk = history_kind(kind)
+    q = select(hk.root.c.id).where(*_range_cond(hk, ns_id, rng)).order_by(hk.settled, hk.root.c.id)
+    return [bytes(r[0]) for r in conn.execute(q)]
+
+
+def chain_expectation(job: Job, *, complete: bool) -> Any:
+    from orbit_tasks.archive.fileformat import ChainExpectation
+
+    return ChainExpectation(
+        namespace_id=job.namespace_id,
+        job_id=job.id,
+        kind=job.kind,
+        storage_id=job.storage_id,
+        batch_size=job.batch_size,
+        plan_revision=job.plan_revision,
+        policy_revision=job.policy_revision,
+        batches=job.batches,
+        roots=job.roots,
+        bytes=job.bytes,
+        last_sha256=job.last_sha256,
+        complete=complete,
+    )
+
+
+def jobs_of(conn: Connection, ns_id: bytes, ids: Sequence[bytes]) -> list[Job]:
+    if not ids:
+        return []
+    rows = conn.execute(select(J).where(J.c.namespace_id == ns_id, J.c.id.in_(list(ids)))).all()
+    return [Job.from_row(r) for r in rows]

@@ -1,0 +1,45 @@
+"""Celery tasks of the archive (SPEC §7). Thin: the work is in tick.py and runner.py.
+
+Messages are wake-ups only; ownership is decided by the job's lease in the database, so duplicate,
+late or lost messages are harmless. Time limits come from ``celeryconfig`` (hard limit strictly
+below the archive lease, soft limit below that).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from orbit_tasks.celery_app import app
+from orbit_tasks.logs import log_action
+
+log = logging.getLogger("orbit.archive.tasks")
+
+VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
+
+
+@app.task(name="orbit.archive.tick", ignore_result=True)
+def tick() -> dict[str, Any]:
+    from orbit_tasks.archive.tick import run_tick
+    from orbit_tasks.db.registry import platform_engine
+    from orbit_tasks.settings import get_settings
+
+    report = run_tick(platform_engine(), get_settings())
+    return report.to_dict()
+
+
+@app.task(name="orbit.archive.run_job", acks_late=True, ignore_result=True)
+def run_job(namespace_hex: str, job_hex: str) -> str:
+    from orbit_tasks.archive import runner
+    from orbit_tasks.settings import get_settings
+
+    volumes = runner.parse_volumes(os.environ.get(VOLUMES_ENV))
+    try:
+        return runner.run_job(namespace_hex, job_hex, volumes, get_settings())
+    except SoftTimeLimitExceeded:
+        # The claim's lease expires and the job is taken over; nothing half-confirmed exists.
+        log_action(log, "archive.job.time_limit", logging.WARNING, job_id=job_hex)
+        return "time_limit"

@@ -1,0 +1,293 @@
+"""``orbit job list|show|watch|retry|abandon|verify|export`` (SPEC §5, §9).
+
+``retry`` and ``abandon`` run in one transaction with an audit row naming the actor
+(``ORBIT_ACTOR``, else ``$USER``) and accept ``--expect-revision`` (exit 3 when stale). A retry
+with a ``--max-bytes`` lower than the job's budget is refused with exit 2 (invalid input) and
+nothing is written. ``verify`` exits 1 naming the first bad file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orbit_tasks.archive import job_store as store
+from orbit_tasks.archive.jobs import Job, JobFailure, JobState
+from orbit_tasks.archive.volume import job_dir, read_identity
+from orbit_tasks.cli.common import SIZE, emit, emit_table, json_option
+from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.errors import InvalidInput
+from orbit_tasks.ids import from_hex
+from orbit_tasks.logs import log_action
+from orbit_tasks.platform.store import resolve_namespace
+from orbit_tasks.settings import get_settings
+
+log = logging.getLogger("orbit.cli.job")
+
+STATES = [s.value for s in JobState]
+
+
+@click.group("job")
+def job_group() -> None:
+    """Archive jobs: inspect, follow, retry, abandon, verify and export."""
+
+
+def _load(ns: str, job: str) -> tuple[bytes, Job]:
+    with platform_engine().connect() as conn:
+        namespace = resolve_namespace(conn, ns)
+        return namespace.id, store.require_job(conn, namespace.id, from_hex(job, "job id"))
+
+
+def _range_view(job: Job) -> dict[str, Any] | None:
+    with platform_engine().connect() as conn:
+        try:
+            rng = store.job_range(conn, job)
+        except JobFailure:
+            return None
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+    return {
+        "from": None if rng.from_ is None else rng.from_.strftime(fmt),
+        "until": rng.until.strftime(fmt),
+    }
+
+
+@job_group.command("list")
+@click.argument("ns")
+@click.option("--state", type=click.Choice(STATES), default=None, help="Only jobs in this state.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--after", "after", default=None, help="Cursor printed by a previous page.")
+@json_option
+def job_list(ns: str, state: str | None, limit: int, after: str | None, as_json: bool) -> None:
+    """Jobs of a namespace, oldest first (keyset pages)."""
+    with platform_engine().connect() as conn:
+        namespace = resolve_namespace(conn, ns)
+        jobs, nxt = store.list_jobs(
+            conn,
+            namespace.id,
+            state=None if state is None else JobState(state),
+            limit=limit,
+            after=after,
+        )
+    rows = [j.as_dict() for j in jobs]
+    if as_json:
+        emit({"jobs": rows, "next": nxt}, True)
+        return
+    emit_table(
+        rows,
+        [
+            "id",
+            "kind",
+            "state",
+            "error_code",
+            "attempts",
+            "batches",
+            "roots",
+            "bytes",
+            "created_at",
+        ],
+    )
+    if nxt:
+        click.echo(f"next page: --after {nxt}")
+
+
+@job_group.command("show")
+@click.argument("ns")
+@click.argument("job")
+@json_option
+def job_show(ns: str, job: str, as_json: bool) -> None:
+    """One job with its counters and fixed range."""
+    _, j = _load(ns, job)
+    data = j.as_dict()
+    data["range"] = _range_view(j)
+    emit(data, as_json)
+
+
+@job_group.command("watch")
+@click.argument("ns")
+@click.argument("job")
+@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True)
+@click.option("--timeout", type=click.FloatRange(0), default=None, help="Give up after seconds.")
+def job_watch(ns: str, job: str, interval: float, timeout: float | None) -> None:
+    """Follow a job's progress until it is SUCCEEDED, FAILED or ABANDONED.
+
+    Exit 0 on SUCCEEDED, 1 on FAILED or ABANDONED (or on --timeout)."""
+    ns_id, j = _load(ns, job)
+    with platform_engine().connect() as conn:
+        try:
+            rng = store.job_range(conn, j)
+            total: int | None = store.count_roots(conn, j.kind, ns_id, rng)
+        except JobFailure:
+            total = None
+    started = time.monotonic()
+    last = None
+    while True:
+        with platform_engine().connect() as conn:
+            j = store.require_job(conn, ns_id, j.id)
+        line = _progress(j, total)
+        if line != last:
+            click.echo(line)
+            last = line
+        if j.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.ABANDONED):
+            raise SystemExit(0 if j.state is JobState.SUCCEEDED else 1)
+        if timeout is not None and time.monotonic() - started > timeout:
+            click.echo("error: --timeout reached while the job is still running", err=True)
+            raise SystemExit(1)
+        time.sleep(interval)
+
+
+def _progress(j: Job, total: int | None) -> str:
+    width = 30
+    if total:
+        done = min(width, int(width * j.roots / total))
+        bar = "[" + "#" * done + "." * (width - done) + f"] {j.roots}/{total} roots"
+    else:
+        bar = f"{j.roots} roots" + ("" if total is None else "/0")
+    err = f" {j.error_code}" if j.error_code else ""
+    return f"{j.state.value}{err} {bar} batches={j.batches} bytes={j.bytes} attempts={j.attempts}"
+
+
+@job_group.command("retry")
+@click.argument("ns")
+@click.argument("job")
+@click.option("--max-bytes", type=SIZE, default=None, help="Raise the budget (never lower).")
+@click.option("--expect-revision", type=int, default=None, help="Compare-and-set guard.")
+@json_option
+def job_retry(
+    ns: str, job: str, max_bytes: int | None, expect_revision: int | None, as_json: bool
+) -> None:
+    """FAILED -> PENDING (error code cleared); resumes from the confirmed prefix."""
+    ns_id, j = _load(ns, job)
+    settings = get_settings()
+    after = store.retry(
+        platform_engine(),
+        ns_id,
+        j.id,
+        actor=settings.actor,
+        max_bytes=max_bytes,
+        expect_revision=expect_revision,
+    )
+    log_action(
+        log, "archive.job.retried", namespace_id=ns_id, job_id=j.id, max_bytes=after.max_bytes
+    )
+    _wake(after)
+    emit(after.as_dict(), as_json, f"job {after.id.hex()} is PENDING (revision {after.revision})")
+
+
+@job_group.command("abandon")
+@click.argument("ns")
+@click.argument("job")
+@click.option("--expect-revision", type=int, default=None, help="Compare-and-set guard.")
+@json_option
+def job_abandon(ns: str, job: str, expect_revision: int | None, as_json: bool) -> None:
+    """FAILED, PENDING or expired RUNNING -> ABANDONED; files stay on the volume."""
+    ns_id, j = _load(ns, job)
+    after = store.abandon(
+        platform_engine(), ns_id, j.id, actor=get_settings().actor, expect_revision=expect_revision
+    )
+    log_action(log, "archive.job.abandoned", namespace_id=ns_id, job_id=j.id)
+    emit(after.as_dict(), as_json, f"job {after.id.hex()} is ABANDONED (revision {after.revision})")
+
+
+def _wake(j: Job) -> None:
+    """Best effort: the next tick's sweep publishes the wake-up anyway."""
+    try:
+        from orbit_tasks.archive.wakeups import publish_wakeup
+
+        publish_wakeup(j.storage_id, j.namespace_id, j.id)
+    except Exception as exc:  # broker unavailable
+        log_action(log, "archive.job.wakeup_failed", logging.WARNING, error=type(exc).__name__)
+
+
+def _job_volume(j: Job, volume: Path) -> Path:
+    ident = read_identity(volume)
+    if ident.storage_id != j.storage_id:
+        raise InvalidInput(
+            f"--volume {volume} holds storage {ident.storage_id.hex()}, but job {j.id.hex()} "
+            f"belongs to storage {j.storage_id.hex()}"
+        )
+    return job_dir(ident.path, j.namespace_id, j.id)
+
+
+def _expectation(j: Job) -> Any:
+    from orbit_tasks.archive.fileformat import ChainExpectation
+
+    with platform_engine().connect() as conn:
+        try:
+            rng = store.job_range(conn, j)
+            rng_tuple: Any = (rng.from_, rng.until)
+        except JobFailure:
+            rng_tuple = None
+    return ChainExpectation.from_job_row(
+        {
+            "namespace_id": j.namespace_id,
+            "id": j.id,
+            "kind": j.kind,
+            "storage_id": j.storage_id,
+            "batch_size": j.batch_size,
+            "plan_revision": j.plan_revision,
+            "policy_revision": j.policy_revision,
+            "batches": j.batches,
+            "roots": j.roots,
+            "bytes": j.bytes,
+            "last_sha256": j.last_sha256,
+            "state": j.state.value,
+        },
+        range=rng_tuple,
+    )
+
+
+@job_group.command("verify")
+@click.argument("ns")
+@click.argument("job")
+@click.option("--volume", required=True, type=click.Path(path_type=Path))
+@json_option
+def job_verify(ns: str, job: str, volume: Path, as_json: bool) -> None:
+    """Full chain check of a job's files against its row; exit 1 names the first bad file."""
+    from orbit_tasks.archive.verify import verify_job_dir
+
+    _, j = _load(ns, job)
+    directory = _job_volume(j, volume)
+    report = verify_job_dir(directory, _expectation(j))
+    data = {
+        "ok": report.ok,
+        "job_id": j.id.hex(),
+        "state": j.state.value,
+        "first_bad_file": report.first_bad_file,
+        "reason": report.reason,
+        "batches": report.batches,
+        "roots": report.roots,
+        "bytes": report.bytes,
+        "final": report.final,
+    }
+    if report.ok:
+        emit(
+            data,
+            as_json,
+            f"ok: {report.batches} batches, {report.roots} roots, {report.bytes} bytes",
+        )
+        return
+    emit(data, as_json, f"BAD: {report.first_bad_file}: {report.reason}")
+    raise SystemExit(1)
+
+
+@job_group.command("export")
+@click.argument("ns")
+@click.argument("job")
+@click.option("--volume", required=True, type=click.Path(path_type=Path))
+def job_export(ns: str, job: str, volume: Path) -> None:
+    """Decoded roots with their children as JSON lines (the chain is verified first)."""
+    from orbit_tasks.archive.verify import export_roots
+
+    _, j = _load(ns, job)
+    directory = _job_volume(j, volume)
+    for obj in export_roots(directory, _expectation(j)):
+        click.echo(json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(job_group)

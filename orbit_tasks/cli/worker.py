@@ -1,0 +1,185 @@
+"""``orbit worker archive|control|sender`` and ``orbit beat``: start Celery processes (SPEC §7).
+
+Every worker gets an explicit queue list (``-Q``), fair scheduling and prefetch 1 (celeryconfig).
+``worker archive`` first reads and verifies each volume's identity file (exit 2 when it is missing
+or unreadable, exit 3 when two paths hold the same storage) and that its storage is registered in
+the platform database (exit 4), then passes the mounted volumes to the worker processes in
+``ORBIT_ARCHIVE_VOLUMES`` and replaces itself with ``celery worker`` (``os.execve``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orbit_tasks.archive.volume import read_identity
+from orbit_tasks.archive.wakeups import queue_name
+from orbit_tasks.cli.common import emit
+from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.errors import ConflictError, NotFound
+from orbit_tasks.platform import store
+from orbit_tasks.settings import get_settings
+
+CONTROL_QUEUE = "orbit.control"
+SENDER_QUEUE = "orbit.sender"
+VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
+
+
+def _celery(*args: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "orbit_tasks.celery_app", *args]
+
+
+def _worker_argv(
+    queues: list[str], concurrency: int, name: str, pool: str, loglevel: str
+) -> list[str]:
+    return _celery(
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-c",
+        str(concurrency),
+        "-P",
+        pool,
+        "-O",
+        "fair",
+        "--prefetch-multiplier",
+        "1",
+        "-n",
+        name,
+        "-l",
+        loglevel,
+        "-E",
+    )
+
+
+def _exec(argv: list[str], env: dict[str, str], print_only: bool) -> None:
+    if print_only:
+        emit({"argv": argv, "env": {k: env[k] for k in (VOLUMES_ENV,) if k in env}}, True)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, env)
+
+
+_common = [
+    click.option("--concurrency", "-c", type=click.IntRange(1, 256), default=1, show_default=True),
+    click.option("--name", "-n", default=None, help="Node name (default <kind>-<pid>@<host>)."),
+    click.option(
+        "--pool",
+        type=click.Choice(["prefork", "solo", "threads"]),
+        default="prefork",
+        show_default=True,
+        help="Celery pool (time limits are enforced by prefork only).",
+    ),
+    click.option("--loglevel", "-l", default="INFO", show_default=True),
+    click.option(
+        "--print-command", is_flag=True, help="Print the celery command as JSON; do not start it."
+    ),
+]
+
+
+def common_options(fn: Any) -> Any:
+    for opt in reversed(_common):
+        fn = opt(fn)
+    return fn
+
+
+def _node(name: str | None, kind: str) -> str:
+    return name or f"{kind}-{os.getpid()}@{socket.gethostname()}"
+
+
+@click.group("worker")
+def worker_group() -> None:
+    """Start Celery workers with explicit queue lists."""
+
+
+@worker_group.command("archive")
+@click.option(
+    "--volume",
+    "volumes",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path),
+    help="A mounted archive volume (repeatable).",
+)
+@click.option("--no-control", is_flag=True, help=f"Do not consume {CONTROL_QUEUE}.")
+@common_options
+def worker_archive(
+    volumes: tuple[Path, ...],
+    no_control: bool,
+    concurrency: int,
+    name: str | None,
+    pool: str,
+    loglevel: str,
+    print_command: bool,
+) -> None:
+    """Consume the queues of the given volumes (and orbit.control unless --no-control)."""
+    mounted: dict[str, str] = {}
+    with platform_engine().connect() as conn:
+        for path in volumes:
+            ident = read_identity(path)  # InvalidInput (exit 2) when missing or unreadable
+            hex_id = ident.storage_id.hex()
+            if hex_id in mounted:
+                raise ConflictError(
+                    f"--volume {path} holds storage {hex_id}, already given as {mounted[hex_id]}"
+                )
+            if not store.storage_exists(conn, ident.storage_id):
+                raise NotFound(
+                    f"--volume {path}: storage {hex_id} is not registered in this platform "
+                    "database (run 'orbit storage init PATH' to register it)"
+                )
+            mounted[hex_id] = str(ident.path)
+    queues = [queue_name(bytes.fromhex(h)) for h in mounted]
+    if not no_control:
+        queues.append(CONTROL_QUEUE)
+    env = dict(os.environ)
+    env[VOLUMES_ENV] = json.dumps(mounted, sort_keys=True)
+    argv = _worker_argv(queues, concurrency, _node(name, "archive"), pool, loglevel)
+    _exec(argv, env, print_command)
+
+
+@worker_group.command("control")
+@common_options
+def worker_control(
+    concurrency: int, name: str | None, pool: str, loglevel: str, print_command: bool
+) -> None:
+    """Consume orbit.control only (ticks)."""
+    env = dict(os.environ)
+    env.pop(VOLUMES_ENV, None)
+    argv = _worker_argv([CONTROL_QUEUE], concurrency, _node(name, "control"), pool, loglevel)
+    _exec(argv, env, print_command)
+
+
+@worker_group.command("sender")
+@common_options
+def worker_sender(
+    concurrency: int, name: str | None, pool: str, loglevel: str, print_command: bool
+) -> None:
+    """Consume orbit.sender only (outbox relay)."""
+    env = dict(os.environ)
+    env.pop(VOLUMES_ENV, None)
+    argv = _worker_argv([SENDER_QUEUE], concurrency, _node(name, "sender"), pool, loglevel)
+    _exec(argv, env, print_command)
+
+
+@click.command("beat")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--print-command", is_flag=True, help="Print the celery command as JSON only.")
+def beat(loglevel: str, print_command: bool) -> None:
+    """Run Celery beat (exactly one per deployment); its schedule file lives under var/."""
+    var_dir = get_settings().var_dir
+    if not print_command:
+        var_dir.mkdir(parents=True, exist_ok=True)
+    argv = _celery("beat", "-s", str(var_dir / "celerybeat-schedule"), "-l", loglevel)
+    _exec(argv, dict(os.environ), print_command)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(worker_group)
+    cli.add_command(beat)

@@ -1,0 +1,238 @@
+"""Archive jobs end to end: real MariaDB, Redis db 2, volume directories, `celery worker`s.
+
+Also in-process checks of the runner's time slice and of the hot query plans (EXPLAIN).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from orbit_tasks.archive import job_store, runner
+from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.platform.history import HISTORY_KINDS
+from tests.integration.archive_jobs_support import (
+    archive_env,
+    assert_succeeded_exactly,
+    cli_json,
+    create_job,
+    make_due,
+    make_namespace,
+    make_plan,
+    make_volume,
+    seed,
+    wait_state,
+)
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
+
+SETTLED_INDEX = {
+    "tasks": "ix_task_settled",
+    "workflows": "ix_workflow_settled",
+    "events": "ix_event_settled",
+    "audit": "ix_audit_settled",
+    "deliveries": "ix_delivery_settled",
+    "inbox": "ix_inbox_settled",
+    "idempotency": "ix_idempotency_settled",
+}
+
+
+def test_batch_keyset_query_uses_the_settled_index(platform_engine: Engine) -> None:
+    from datetime import datetime
+
+    rng = ArchiveRange(datetime(2026, 1, 1), datetime(2026, 2, 1))
+    cursor = (datetime(2026, 1, 2, 3, 4, 5, 6), b"\x01" * 16)
+    assert set(SETTLED_INDEX) == set(HISTORY_KINDS)
+    with platform_engine.connect() as conn:
+        for kind, index in SETTLED_INDEX.items():
+            q = job_store.roots_query(kind, b"\x02" * 16, rng, cursor, 101)
+            sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
+            assert " OR " in sql and "(" in sql  # expanded keyset form, no row constructor
+            rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
+            assert rows[0]["key"] == index, (kind, rows)
+
+
+def test_time_slice_releases_and_continues(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """With a zero slice every confirm releases the job to PENDING and publishes a continuation;
+    the job still ends SUCCEEDED with attempts == batches + 1."""
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, q = make_namespace(platform_engine, "slice")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=4)
+        seed(platform_engine, ns, q, "events", 15)
+        job = create_job(ae, ns, "events")
+        published: list[bytes] = []
+        settings = ae.settings.with_overrides(archive_slice_seconds=0)
+        outcomes = []
+        for _ in range(50):
+            out = runner.run_job(
+                ns.hex(),
+                job.id.hex(),
+                {sid.hex(): vol},
+                settings,
+                engine=platform_engine,
+                publish=lambda s, n, j: published.append(j),
+            )
+            outcomes.append(out)
+            if out != "released":
+                break
+            assert ae.job(ns, job.id).state is JobState.PENDING
+        assert outcomes[-1] == "succeeded"
+        final = ae.job(ns, job.id)
+        assert outcomes.count("released") == final.batches  # manifest + every non-final batch
+        assert published == [job.id] * final.batches
+        assert final.attempts == final.batches + 1
+        assert_succeeded_exactly(ae, final, vol)
+        # a late duplicate wake-up after success is harmless
+        assert (
+            runner.run_job(
+                ns.hex(), job.id.hex(), {sid.hex(): vol}, settings, engine=platform_engine
+            )
+            == "not_claimed"
+        )
+        # a wake-up on a node that does not mount the storage is ignored
+        assert (
+            runner.run_job(ns.hex(), job.id.hex(), {}, settings, engine=platform_engine)
+            == "not_mounted"
+        )
+
+
+@pytest.mark.slow
+def test_two_workers_archive_all_kinds_then_only_the_new_roots(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns_hex = cli_json(ae.orbit("namespace", "create", "e2e-ns", "--json"))["id"]
+        ns = bytes.fromhex(ns_hex)
+        queue_hex = cli_json(ae.orbit("queue", "create", "e2e-ns", "default", "--json"))["id"]
+        vols = [tmp_path / "vol-a", tmp_path / "vol-b"]
+        sids = [
+            cli_json(ae.orbit("storage", "init", str(v), "--label", v.name, "--json"))["id"]
+            for v in vols
+        ]
+        kinds = list(HISTORY_KINDS)
+        storage_of = {k: i % 2 for i, k in enumerate(kinds)}
+        for kind in kinds[:2]:  # the operator path through the CLI
+            rev = ae.orbit("policy", "set", "e2e-ns", kind, "--archive-after", "1h").stdout.strip()
+            ae.orbit(
+                "plan",
+                "set",
+                "e2e-ns",
+                kind,
+                "--storage",
+                sids[storage_of[kind]],
+                "--interval",
+                "1d",
+                "--batch-size",
+                "10",
+                "--max-bytes",
+                "64MiB",
+                "--policy-revision",
+                rev,
+                "--enable",
+            )
+        for kind in kinds[2:]:
+            make_plan(
+                platform_engine, ns, kind, bytes.fromhex(sids[storage_of[kind]]), batch_size=10
+            )
+        for i, kind in enumerate(kinds):
+            seed(platform_engine, ns, bytes.fromhex(queue_hex), kind, 40, seed=i)
+        w1 = ae.worker("a", [vols[0]])
+        w2 = ae.worker("b", [vols[1]])
+        tick = cli_json(ae.orbit("archive", "tick", "--json"))
+        assert len(tick["jobs_created"]) == len(kinds)
+        jobs = {j.kind: j for j in ae.jobs(ns)}
+        exported: dict[str, list[bytes]] = {}
+        for kind, job in jobs.items():
+            done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+            assert done.state is JobState.SUCCEEDED, done
+            assert done.attempts == done.batches + 1, done
+            exported[kind] = assert_succeeded_exactly(ae, done, vols[storage_of[kind]])
+            assert exported[kind], kind  # every kind had settled roots in range
+        # the operator commands on two of them
+        for kind in kinds[:2]:
+            vol = str(vols[storage_of[kind]])
+            job_hex = jobs[kind].id.hex()
+            ok = ae.orbit("job", "verify", "e2e-ns", job_hex, "--volume", vol, "--json")
+            assert cli_json(ok)["ok"] is True
+            lines = ae.orbit("job", "export", "e2e-ns", job_hex, "--volume", vol).stdout
+            ids = [bytes.fromhex(json.loads(ln)["root"]["id"]) for ln in lines.splitlines()]
+            assert ids == exported[kind]
+            wrong = ae.orbit(
+                "job",
+                "verify",
+                "e2e-ns",
+                job_hex,
+                "--volume",
+                str(vols[1 - storage_of[kind]]),
+                check=False,
+            )
+            assert wrong.returncode == 2 and "belongs to storage" in wrong.stderr
+        listed = cli_json(
+            ae.orbit("job", "list", "e2e-ns", "--state", "SUCCEEDED", "--limit", "4", "--json")
+        )
+        page2 = cli_json(
+            ae.orbit("job", "list", "e2e-ns", "--limit", "4", "--after", listed["next"], "--json")
+        )
+        assert [j["id"] for j in listed["jobs"] + page2["jobs"]] == sorted(
+            j.id.hex() for j in jobs.values()
+        )
+        assert page2["next"] is None
+        watch = ae.orbit("job", "watch", "e2e-ns", jobs["tasks"].id.hex())
+        assert watch.stdout.startswith("SUCCEEDED")
+
+        # second run: only what settled since the first job's range
+        first = {k: ae.job(ns, j.id) for k, j in jobs.items()}
+        seed_after = {}
+        for i, kind in enumerate(["tasks", "events"]):
+            seed_after[kind] = _seed_in_next_range(
+                ae, ns, bytes.fromhex(queue_hex), kind, first[kind], 12, seed=100 + i
+            )
+            make_due(platform_engine, ns, kind)
+        tick2 = ae.tick()
+        new_jobs = {k: ae.job(ns, bytes.fromhex(j)) for _, k, j in tick2.jobs_created}
+        assert set(new_jobs) == {"tasks", "events"}
+        for kind, job in new_jobs.items():
+            done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=60)
+            assert done.state is JobState.SUCCEEDED, done
+            ids = assert_succeeded_exactly(ae, done, vols[storage_of[kind]])
+            assert sorted(ids) == sorted(seed_after[kind])
+            assert not set(ids) & set(exported[kind])
+        assert w1.proc.poll() is None and w2.proc.poll() is None
+
+
+def _seed_in_next_range(ae, ns, queue_id, kind, previous, n, seed):  # type: ignore[no-untyped-def]
+    """Insert ``n`` settled roots whose settled time lies in the next job's range:
+    after the previous job's until, before now - 1h."""
+    import random
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    from orbit_tasks.platform import generator
+
+    with ae.engine.connect() as conn:
+        prev_until = job_store.job_range(conn, previous).until
+    hk = HISTORY_KINDS[kind]
+    spec = generator.make_spec(kind, n, days=1, settled_fraction=1.0)
+    with ae.engine.begin() as conn:
+        chunk = next(
+            generator.generate(
+                spec, ns, [queue_id], random.Random(seed), prev_until + timedelta(hours=1)
+            )
+        )
+        ids = []
+        for i, root in enumerate(chunk.roots):
+            root[hk.settled_column] = prev_until + timedelta(microseconds=1000 * i)
+            ids.append(root["id"])
+        conn.execute(insert(hk.root), chunk.roots)
+        if chunk.children:
+            conn.execute(insert(hk.children[0].table), chunk.children)
+    return ids
