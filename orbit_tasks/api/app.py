@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit_tasks import __version__
@@ -152,6 +153,9 @@ class _ContainErrors:
 
         try:
             await self.app(scope, receive, _send)
+        except ClientDisconnect:
+            log_action(log, "api.request.disconnected")
+            return
         except Exception as exc:
             if isinstance(exc, OperationalError):
                 log_action(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -321,6 +323,24 @@ def test_body_over_one_mebibyte_is_413(platform: Platform) -> None:
             select(tasks.c.request_json).where(tasks.c.idempotency_key == "big-3")
         ).scalar_one()
     assert stored.encode("utf-8") == exactly
+
+
+def test_client_disconnect_mid_body_writes_nothing(platform: Platform) -> None:
+    before = platform.count(tasks)
+    request = (
+        f"POST {platform.url(platform.ns, platform.emails)} HTTP/1.1\r\n"
+        f"Host: 127.0.0.1\r\nAuthorization: Bearer {platform.tok_all}\r\n"
+        "Idempotency-Key: cut-1\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    ).encode() + b'{"partial": '
+    with socket.create_connection(("127.0.0.1", platform.server.port), timeout=10) as sock:
+        sock.sendall(request)
+    deadline = time.monotonic() + 10
+    while "api.request.disconnected" not in platform.server.output():
+        assert time.monotonic() < deadline, "the server did not notice the disconnect"
+        time.sleep(0.05)
+    assert platform.count(tasks) == before
+    assert platform.post(b'{"after": 1}', "cut-2").status_code == 201  # still serving
 
 
 def test_body_is_stored_byte_exact(platform: Platform) -> None:
