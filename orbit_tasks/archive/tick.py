@@ -124,7 +124,7 @@ def _is_broker_error(exc: BaseException) -> bool:
         from kombu.exceptions import OperationalError as KombuOperationalError
     except ImportError:  # pragma: no cover - kombu ships with celery
         return False
-    return isinstance(exc, KombuOperationalError | ConnectionError | TimeoutError)
+    return isinstance(exc, KombuOperationalError | OSError)  # OSError: unreachable, no folder
 
 
 def _create_jobs(engine: Engine, storage_id: bytes, now: datetime, report: TickReport) -> None:

@@ -139,7 +139,7 @@ def cli(platform_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
     from orbit_tasks.settings import get_settings
 
     monkeypatch.setenv("ORBIT_DATABASE_URL", str(platform_engine.url.render_as_string(False)))
-    monkeypatch.setenv("ORBIT_ACTOR", "alice")
+    monkeypatch.setenv("ORBIT_ACTOR", "alice\U0001f6f0")  # 4-byte UTF-8 end to end
 
     def reset() -> None:
         get_settings.cache_clear()
@@ -205,6 +205,11 @@ def test_plan_set_validation_errors_exit_codes_and_write_nothing(
     assert data["namespace_id"] == w.ns.hex() and data["policy_confirmed"] is True
     after_create = w.counts()
     assert after_create == (before[0] + 1, before[1], before[2] + 1)
+    with platform_engine.connect() as conn:
+        actor = conn.execute(
+            select(audit_events.c.actor).where(audit_events.c.action == "archive.plan.set")
+        ).scalar_one()
+    assert actor == "alice\U0001f6f0"
 
     stale = cli("plan", "set", "acme", "tasks", "--batch-size", "5", "--expect-revision", "0")
     assert stale.exit_code == 3 and "is at revision 1, not 0" in stale.output
