@@ -15,15 +15,17 @@ from orbit_tasks.cli.common import OrbitGroup
 COMMAND_MODULES = [
     "db",
     "sender",
+    "api",
     "plan",
     "archive",
-    "api",
     "namespace",
     "storage",
     "policy",
     "queue",
     "credential",
     "dev",
+    "job",
+    "worker",
 ]
 
 

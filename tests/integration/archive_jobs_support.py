@@ -275,7 +275,7 @@ def expectation(ae: ArchiveEnv, job: Job) -> Any:
                 archive_jobs.c.namespace_id == job.namespace_id, archive_jobs.c.id == job.id
             )
         ).one()
-    return ChainExpectation.from_job_row(row._mapping, range=(rng.from_, rng.until))
+    return ChainExpectation.from_job_row(dict(row._mapping), range=(rng.from_, rng.until))
 
 
 def file_snapshot(volume: Path, job: Job) -> dict[str, bytes]:

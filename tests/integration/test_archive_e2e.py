@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -208,7 +209,9 @@ def test_two_workers_archive_all_kinds_then_only_the_new_roots(
         assert w1.proc.poll() is None and w2.proc.poll() is None
 
 
-def _seed_in_next_range(ae, ns, queue_id, kind, previous, n, seed):  # type: ignore[no-untyped-def]
+def _seed_in_next_range(
+    ae: Any, ns: bytes, queue_id: bytes, kind: str, previous: Any, n: int, seed: int
+) -> list[bytes]:
     """Insert ``n`` settled roots whose settled time lies in the next job's range:
     after the previous job's until, before now - 1h."""
     import random
