@@ -210,3 +210,70 @@ def test_verify_job_dir_names_missing_and_bad_files(tmp_path: Path) -> None:
     (directory / "stray.bin").write_bytes(b"x")
     report = verify_job_dir(directory, chain.expect)
     assert not report.ok and report.first_bad_file == "stray.bin"
+
+
+# --------------------------------------------------------------------------- real database values
+
+
+@pytest.mark.mariadb
+def test_database_rows_encode_exactly(any_platform_url: str, tmp_path: Path) -> None:
+    """Values as the drivers return them (mysqlclient, sqlite3) encode exactly, 4-byte UTF-8 and
+    exact JSON numbers included, and the written chain verifies from disk."""
+    from datetime import datetime
+
+    from sqlalchemy import select
+
+    from orbit_tasks.db import history_tables as h
+    from orbit_tasks.db.engine import make_engine
+    from tests.unit.archive_chain_helpers import STORAGE, manifest
+
+    body = '{"amount":1.10,"big":123456789012345678901234567890,"emoji":"\U0001f600\u2028"}'
+    t_end = datetime(2026, 3, 1, 12, 0, 0, 999999)
+    task = {
+        "namespace_id": NS, "id": rid(1), "queue_id": rid(9), "state": "SUCCEEDED",
+        "idempotency_key": "op-\U0001f680", "request_json": body, "result_json": None,
+        "error_code": "", "attempts": 2**32 - 1, "created_at": datetime(2026, 3, 1),
+        "started_at": datetime(2026, 3, 1, 0, 0, 0, 1), "finished_at": t_end,
+    }  # fmt: skip
+    attempt = {
+        "namespace_id": NS, "task_id": rid(1), "attempt_no": 1, "state": "DONE",
+        "worker": "w\U0001f916", "error_code": "", "started_at": datetime(2026, 3, 1),
+        "finished_at": None,
+    }  # fmt: skip
+    engine = make_engine(any_platform_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(h.tasks.insert().values(**task))
+            conn.execute(h.task_attempts.insert().values(**attempt))
+        with engine.connect() as conn:
+            root = dict(conn.execute(select(h.tasks)).mappings().one())
+            kids = [dict(r) for r in conn.execute(select(h.task_attempts)).mappings()]
+    finally:
+        engine.dispose()
+    assert root == task and kids == [attempt]  # the drivers hand back exactly what was stored
+    man = manifest(roots_total=1)
+    data = ff.build_batch(
+        job_id=JOB,
+        seq=1,
+        prev_sha256=ff.sha256_hex(man),
+        records=[ff.RootRecord(root, {"orbit_task_attempts": kids})],
+        settled_column="finished_at",
+        final=True,
+    )
+    directory = vol.job_dir(tmp_path, NS, JOB)
+    vol.write_job_file(directory, ff.manifest_name(ff.sha256_hex(man)), man)
+    vol.write_job_file(directory, ff.batch_name(1, ff.sha256_hex(data)), data)
+    expect = ff.ChainExpectation(
+        namespace_id=NS, job_id=JOB, kind="tasks", storage_id=STORAGE, batch_size=2,
+        plan_revision=3, policy_revision=2, batches=1, roots=1, bytes=len(man) + len(data),
+        last_sha256=ff.sha256_hex(data), complete=True,
+    )  # fmt: skip
+    [line] = list(export_roots(directory, expect))
+    assert line["root"]["request_json"] == body
+    assert line["root"]["attempts"] == 4294967295
+    assert line["root"]["finished_at"] == "2026-03-01T12:00:00.999999Z"
+    assert line["root"]["started_at"] == "2026-03-01T00:00:00.000001Z"
+    assert line["root"]["idempotency_key"] == "op-\U0001f680"
+    assert line["children"]["orbit_task_attempts"][0]["worker"] == "w\U0001f916"
+    assert line["children"]["orbit_task_attempts"][0]["finished_at"] is None
+    assert "\U0001f600".encode() in gzip.decompress(data)  # raw 4-byte UTF-8 in the file
