@@ -206,7 +206,14 @@ def test_verify_job_dir_names_missing_and_bad_files(tmp_path: Path) -> None:
     (directory / chain.name(2)).write_bytes(chain.data(3))  # wrong content under the name
     report = verify_job_dir(directory, chain.expect)
     assert not report.ok and report.first_bad_file == chain.name(2)
+    (directory / chain.name(2)).unlink()
+    (directory / chain.name(2)).mkdir()  # unreadable as a file: reported by name, no exception
+    report = verify_job_dir(directory, chain.expect)
+    assert not report.ok and report.first_bad_file == chain.name(2)
+    assert "cannot be read" in (report.reason or "")
+    (directory / chain.name(2)).rmdir()
     (directory / chain.name(2)).write_bytes(chain.data(2))
+    assert verify_job_dir(directory, chain.expect).ok
     (directory / "stray.bin").write_bytes(b"x")
     report = verify_job_dir(directory, chain.expect)
     assert not report.ok and report.first_bad_file == "stray.bin"
