@@ -140,10 +140,15 @@ def _create_jobs(engine: Engine, storage_id: bytes, now: datetime, report: TickR
         after = (last.next_run_at, last.namespace_id, last.kind)
 
 
-def _handle_plan(engine: Engine, plan: plan_store.Plan, report: TickReport) -> None:
-    ns_hex, kind = plan.namespace_id.hex(), plan.kind
+def _handle_plan(engine: Engine, seen: plan_store.Plan, report: TickReport) -> None:
+    ns_hex, kind = seen.namespace_id.hex(), seen.kind
     with engine.begin() as conn:
         now = db_now(conn)
+        # Decide on the row as it is now (the scan may be a moment old); the compare-and-set
+        # below is on exactly these values.
+        plan = plan_store.get_plan(conn, seen.namespace_id, kind)
+        if plan is None:
+            return
         state = plan_store.namespace_state_shared(conn, plan.namespace_id)
         latest = plan_store.latest_policy_revision(conn, plan.namespace_id, kind)
         action = schedule.tick_action(
