@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
@@ -104,13 +104,37 @@ _SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _err(f"request body over {MAX_BODY_BYTES} bytes", "too_large"),
 }
 
-_SUBMIT_BODY: dict[str, Any] = {
+_SUBMIT_EXTRA: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": True,
+            "description": "names one request (same body bytes, same queue) for 72 h",
+            "schema": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": receipts.MAX_KEY_LENGTH,
+                "pattern": r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$",
+            },
+        }
+    ],
     "requestBody": {
         "required": True,
         "description": "a JSON object, at most 1 MiB, stored byte-exact (numbers stay exact)",
         "content": {JSON: {"schema": {"type": "object", "additionalProperties": True}}},
-    }
+    },
 }
+
+
+def _without_validation_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    """This API never answers 422 (it reads headers and body itself): drop FastAPI's entries."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            operation.get("responses", {}).pop("422", None)
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema.get("components", {}).get("schemas", {}).pop(name, None)
+    return schema
 
 
 def _problem(exc: ApiProblem) -> Response:
@@ -200,6 +224,7 @@ def create_app(engine: Engine) -> FastAPI:
         tags=["credentials"],
         summary="Identity of the calling credential: namespace and allowed queues",
         response_model=CredentialIdentity,
+        response_description="the credential's namespace and allowed queues",
         responses=_AUTH_ERRORS,
     )
     def get_credential(
@@ -215,23 +240,18 @@ def create_app(engine: Engine) -> FastAPI:
         status_code=201,
         response_class=Response,
         responses=_SUBMIT_RESPONSES,
-        openapi_extra=_SUBMIT_BODY,
+        openapi_extra=_SUBMIT_EXTRA,
     )
     async def submit_task(
-        ns: str,
-        queue: str,
         request: Request,
+        ns: str = Path(description="namespace id (32 hex) or name"),
+        queue: str = Path(description="queue id (32 hex) or name"),
         auth: HTTPAuthorizationCredentials | None = Depends(bearer),
-        idempotency_key: str | None = Header(
-            None,
-            description="1..128 printable ASCII; names one request for 72 h",
-        ),
     ) -> Response:
         raw = await _read_body(request)
         token = _token(auth)
-        outcome = await run_in_threadpool(
-            store.submit_task, engine, token, ns, queue, idempotency_key, raw
-        )
+        key = request.headers.get("idempotency-key")
+        outcome = await run_in_threadpool(store.submit_task, engine, token, ns, queue, key, raw)
         headers = {"Idempotent-Replayed": "true"} if outcome.status == 200 else None
         return Response(
             outcome.receipt.encode("utf-8"),
@@ -240,4 +260,12 @@ def create_app(engine: Engine) -> FastAPI:
             headers=headers,
         )
 
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _without_validation_errors(default_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -165,7 +165,10 @@ def test_healthz_and_openapi(platform: Platform) -> None:
     assert {"200", "201", "400", "401", "403", "404", "409", "413"} <= set(submit["responses"])
     assert "idempotency_conflict" in submit["responses"]["409"]["description"]
     assert "requestBody" in submit
-    assert any(p["name"] == "idempotency-key" for p in submit["parameters"])
+    key_param = [p for p in submit["parameters"] if p["name"] == "Idempotency-Key"]
+    assert key_param and key_param[0]["required"] is True and key_param[0]["in"] == "header"
+    assert "422" not in submit["responses"]  # never answered: headers and body are read by hand
+    assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "/v1/credential" in doc["paths"]
 
 
