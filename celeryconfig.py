@@ -19,6 +19,8 @@ if _settings.broker_is_filesystem:
         "data_folder_in": _folder,
         "data_folder_out": _folder,
         "processed_folder": str(_settings.var_dir / "broker-processed"),
+        # kombu keeps exchange bindings in "control_folder" (default: ./control in the cwd).
+        "control_folder": str(_settings.var_dir / "broker-control"),
         "store_processed": False,
     }
 else:
