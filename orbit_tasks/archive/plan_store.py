@@ -11,20 +11,20 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, func, insert, or_, select, true, update
+from sqlalchemy import Connection, Select, and_, insert, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.archive import schedule
 from orbit_tasks.db.platform_tables import (
     archive_jobs,
     archive_plans,
-    archive_policies,
     namespaces,
 )
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevision
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform.store import (
     insert_audit,
+    latest_policy,
     storage_exists,
 )
 
@@ -113,12 +113,8 @@ def list_plans(conn: Connection, ns_id: bytes | None = None) -> list[Plan]:
 
 
 def latest_policy_revision(conn: Connection, ns_id: bytes, kind: str) -> int | None:
-    value = conn.execute(
-        select(func.max(archive_policies.c.revision)).where(
-            archive_policies.c.namespace_id == ns_id, archive_policies.c.kind == kind
-        )
-    ).scalar()
-    return None if value is None else int(value)
+    policy = latest_policy(conn, ns_id, kind)
+    return None if policy is None else policy.revision
 
 
 def namespace_state_shared(conn: Connection, ns_id: bytes) -> str | None:
@@ -374,10 +370,6 @@ def create_job(
         )
     )
     return job_id
-
-
-def namespace_is_active(conn: Connection, ns_id: bytes) -> bool:
-    return namespace_state_shared(conn, ns_id) == "ACTIVE"
 
 
 # --- sweep --------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -760,3 +761,28 @@ def test_unreachable_broker_is_transient_and_the_next_tick_publishes(
     report = run_tick(platform_engine, settings(), publisher)
     assert report.jobs_created == [] and report.wakeups_published == 1
     assert bytes(job.id).hex() in rds.lindex(queue_name(w.storage), 0).decode()  # type: ignore[union-attr]
+
+
+@pytest.mark.mariadb
+def test_job_creation_compare_and_set_refuses_every_stale_view(platform_engine: Engine) -> None:
+    w = World(platform_engine)
+    seen = w.set().plan
+
+    def try_create(view: plan_store.Plan) -> bytes | None:
+        with platform_engine.begin() as conn:
+            now = db_now(conn)
+            return plan_store.create_job(conn, view, now + dt.timedelta(days=1), now)
+
+    w.set(batch_size=5)  # operator change: revision moved on
+    assert try_create(seen) is None
+    seen = w.plan()
+    w.move_next_run(dt.timedelta(minutes=1))  # another tick moved next_run_at
+    assert try_create(seen) is None
+    seen = w.plan()
+    w.set(enabled=False)
+    assert try_create(dataclasses.replace(w.plan(), enabled=True)) is None  # disabled in the row
+    w.set(enabled=True)
+    seen = w.plan()
+    assert try_create(seen) is not None
+    assert try_create(seen) is None  # the same view twice: the second loses (active job set)
+    assert len(w.jobs()) == 1 and w.plan().revision == seen.revision
