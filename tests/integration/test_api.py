@@ -266,6 +266,21 @@ def test_queue_and_namespace_refusals(platform: Platform) -> None:
     assert platform.count(tasks) == before + 1
 
 
+def test_disabled_namespace_is_403(platform: Platform) -> None:
+    body = b'{"d": 1}'
+    kwargs = dict(token=platform.tok_other, ns="globex", queue="emails")
+    assert platform.post(body, "disabled-1", **kwargs).status_code == 201
+    with platform.engine.begin() as conn:
+        ps.set_namespace_state(conn, platform.other_ns, "DISABLED")
+    try:
+        resp = platform.post(body, "disabled-2", **kwargs)
+        assert (resp.status_code, error_code(resp)) == (403, "forbidden")
+        assert platform.count(tasks, idempotency_key="disabled-2") == 0
+    finally:
+        with platform.engine.begin() as conn:
+            ps.set_namespace_state(conn, platform.other_ns, "ACTIVE")
+
+
 def test_bad_requests_are_400_and_write_nothing(platform: Platform) -> None:
     before = (platform.count(tasks), platform.count(idempotency_records))
     cases: list[tuple[bytes, str | None, str]] = [
