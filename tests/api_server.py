@@ -66,9 +66,9 @@ def running_api_server(
     port = free_port() if port is None else port
     env = dict(os.environ)
     env["ORBIT_DATABASE_URL"] = platform_url
-    env.setdefault("ORBIT_VAR_DIR", tempfile.mkdtemp(prefix="orbit-api-var-"))
-    env.update(extra_env or {})
     with tempfile.TemporaryDirectory(prefix="orbit-api-") as tmp:
+        env.setdefault("ORBIT_VAR_DIR", str(Path(tmp) / "var"))
+        env.update(extra_env or {})
         log_path = Path(tmp) / "server.log"
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(
