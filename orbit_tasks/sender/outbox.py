@@ -112,7 +112,9 @@ def _encode(value: Any, path: str) -> str:
         for key in sorted(value):
             if not isinstance(key, str):
                 raise InvalidRequest(f"request key {key!r} at {path} is not a string")
-            parts.append(json.dumps(key, ensure_ascii=False) + ":" + _encode(value[key], path))
+            parts.append(
+                json.dumps(key, ensure_ascii=False) + ":" + _encode(value[key], f"{path}.{key}")
+            )
         return "{" + ",".join(parts) + "}"
     if isinstance(value, list | tuple):
         return "[" + ",".join(_encode(v, f"{path}[{i}]") for i, v in enumerate(value)) + "]"

@@ -276,6 +276,23 @@ def next_wake(
     return min(wake, last_slot)
 
 
+def after_retryable(
+    now: dt.datetime,
+    deadline: dt.datetime,
+    send_count: int,
+    rng: RandomSource,
+    retry_after: float | None = None,
+) -> tuple[dt.datetime | None, str | None]:
+    """(wake_at, None) for another try, or (None, REVIEW code) when no further try is allowed:
+    the 100th send was the last (``ATTEMPTS_EXHAUSTED``) or no try fits before the deadline."""
+    if send_count >= MAX_SENDS:
+        return None, ATTEMPTS_EXHAUSTED
+    wake = next_wake(now, deadline, send_count, rng, retry_after)
+    if wake is None:
+        return None, DEADLINE_EXCEEDED
+    return wake, None
+
+
 # --- pre-send checks ---------------------------------------------------------------------------
 
 

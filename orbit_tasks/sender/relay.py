@@ -225,12 +225,13 @@ class Relay:
                 ok = store.write_accepted(conn, row, outcome.task_id, outcome.receipt_json, now)
                 return ok, outcome
             if outcome.kind == "retry":
-                wake = policy.next_wake(
+                wake, final = policy.after_retryable(
                     now, row.send_deadline_at, row.send_count, self.rng, outcome.retry_after
                 )
                 if wake is not None:
                     return store.write_retry(conn, row, outcome.code, wake, now), outcome
-                outcome = policy.Outcome("review", policy.DEADLINE_EXCEEDED)
+                assert final is not None
+                outcome = policy.Outcome("review", final)
             return store.write_review(conn, row, outcome.code, now), outcome
 
         written, outcome = _with_db_retry(self.engine, lambda c: record(c, self.clock(c)))
@@ -265,13 +266,15 @@ class Relay:
         """Claim and send due rows until none are due, ``max_claims`` were claimed or the time
         budget is spent; then wait for the rows in flight."""
         stats = PassStats()
+        # The sweep needs no credential: rows past their deadline go to REVIEW even when no
+        # sender can claim them (platform down, token revoked, namespace without a sender).
+        stats.swept = self.sweep()
         try:
             identity = self.client.identity()
         except IdentityUnavailable as exc:
             stats.identity_error = True
             log_action(logger, "sender.identity.unavailable", logging.WARNING, reason=str(exc))
             return stats
-        stats.swept = self.sweep()
         started = time.monotonic()
         batch = self.concurrency
         inflight: set[Future[str]] = set()

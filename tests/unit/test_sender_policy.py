@@ -1,0 +1,279 @@
+"""Pure sender rules: classification of every status and transport error, backoff bounds,
+Retry-After, deadline arithmetic at exact boundaries, digest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import random
+
+import pytest
+
+from orbit_tasks.sender import policy
+
+NS = "a" * 32
+Q = "b" * 32
+KEY = "op-" + "c" * 32
+TASK = "d" * 32
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, 0)
+DEADLINE = NOW + dt.timedelta(hours=1)
+
+
+def receipt(**over: object) -> bytes:
+    doc = {
+        "accepted_at": "2026-01-01T12:00:00.000000Z",
+        "idempotency_key": KEY,
+        "namespace_id": NS,
+        "queue_id": Q,
+        "task_id": TASK,
+    }
+    doc.update(over)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def classify(status: int, body: bytes = b"", retry_after: float | None = None) -> policy.Outcome:
+    return policy.classify_response(
+        status, body, namespace_id=NS, queue_id=Q, key=KEY, retry_after=retry_after
+    )
+
+
+def err(code: str) -> bytes:
+    return json.dumps({"error": code, "message": "x"}).encode()
+
+
+@pytest.mark.parametrize("status", [200, 201])
+def test_valid_receipt_is_accepted_with_exact_text(status: int) -> None:
+    body = receipt()
+    out = classify(status, body)
+    assert (out.kind, out.code, out.task_id) == ("accepted", "ACCEPTED", TASK)
+    assert out.receipt_json == body.decode()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b"\xff\xfe",
+        receipt(task_id="D" * 32),
+        receipt(task_id="d" * 31),
+        receipt(task_id=None),
+        receipt(namespace_id="e" * 32),
+        receipt(queue_id="e" * 32),
+        receipt(idempotency_key="op-" + "e" * 32),
+    ],
+)
+@pytest.mark.parametrize("status", [200, 201])
+def test_2xx_without_a_valid_receipt_is_protocol_review(status: int, body: bytes) -> None:
+    out = classify(status, body)
+    assert (out.kind, out.code, out.task_id, out.receipt_json) == ("review", "PROTOCOL", None, None)
+
+
+@pytest.mark.parametrize("status", [202, 204, 206, 299])
+def test_other_2xx_even_with_receipt_is_protocol(status: int) -> None:
+    assert classify(status, receipt()).code == "PROTOCOL"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "code"),
+    [
+        (401, err("unauthenticated"), "retry", "UNAUTHENTICATED"),
+        (403, err("forbidden"), "review", "FORBIDDEN"),
+        (404, err("queue_not_found"), "review", "QUEUE_NOT_FOUND"),
+        (400, err("bad_json"), "review", "REJECTED"),
+        (422, err("validation"), "review", "REJECTED"),
+        (422, b"", "review", "REJECTED"),
+        (413, err("too_large"), "review", "TOO_LARGE"),
+        (409, err("idempotency_conflict"), "review", "IDEMPOTENCY_CONFLICT"),
+        (422, err("idempotency_conflict"), "review", "IDEMPOTENCY_CONFLICT"),
+        (409, b"garbage", "review", "IDEMPOTENCY_CONFLICT"),
+        (409, err("request_in_progress"), "retry", "IN_PROGRESS"),
+        (408, b"", "retry", "UNAVAILABLE"),
+        (425, b"", "retry", "UNAVAILABLE"),
+        (500, b"", "retry", "UNAVAILABLE"),
+        (502, b"<html>", "retry", "UNAVAILABLE"),
+        (503, err("x"), "retry", "UNAVAILABLE"),
+        (504, b"", "retry", "UNAVAILABLE"),
+        (599, b"", "retry", "UNAVAILABLE"),
+        (429, err("throttled"), "retry", "THROTTLED"),
+        (405, b"", "review", "REJECTED"),
+        (410, b"", "review", "REJECTED"),
+        (301, b"", "review", "PROTOCOL"),
+        (302, receipt(), "review", "PROTOCOL"),
+        (100, b"", "review", "PROTOCOL"),
+        (600, b"", "review", "PROTOCOL"),
+    ],
+)
+def test_every_status_class(status: int, body: bytes, kind: str, code: str) -> None:
+    out = classify(status, body)
+    assert (out.kind, out.code) == (kind, code)
+    assert out.task_id is None and out.receipt_json is None
+
+
+def test_every_status_maps_to_a_known_code() -> None:
+    for status in range(100, 700):
+        out = classify(status, err("request_in_progress"))
+        assert out.code in policy.ALL_CODES
+        assert (out.code in policy.RETRY_CODES) == (out.kind == "retry")
+        assert (out.code in policy.REVIEW_CODES) == (out.kind == "review")
+
+
+def test_transport_errors() -> None:
+    assert policy.classify_transport("network") == policy.Outcome("retry", "NETWORK")
+    assert policy.classify_transport("timeout") == policy.Outcome("retry", "TIMEOUT")
+
+
+def test_retry_after_travels_with_retryable_outcomes() -> None:
+    assert classify(429, b"", retry_after=7.0).retry_after == 7.0
+    assert classify(503, b"", retry_after=3.0).retry_after == 3.0
+    assert classify(403, b"", retry_after=3.0).retry_after is None
+
+
+def test_outcome_refuses_unknown_codes() -> None:
+    with pytest.raises(AssertionError):
+        policy.Outcome("review", "Internal Server Error: secret")
+
+
+# --- Retry-After --------------------------------------------------------------------------------
+
+
+def test_parse_retry_after_seconds_and_dates() -> None:
+    assert policy.parse_retry_after(None, NOW) is None
+    assert policy.parse_retry_after("0", NOW) == 0.0
+    assert policy.parse_retry_after(" 120 ", NOW) == 120.0
+    assert policy.parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", NOW) == 30.0
+    assert policy.parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", NOW) == 0.0
+    assert policy.parse_retry_after("soon", NOW) is None
+    assert policy.parse_retry_after("-5", NOW) is None
+    assert policy.parse_retry_after("1.5", NOW) is None
+
+
+# --- backoff ------------------------------------------------------------------------------------
+
+
+def test_backoff_cap_grows_exponentially_then_caps() -> None:
+    assert [policy.backoff_cap(n) for n in (0, 1, 2, 3, 4)] == [1.0, 1.0, 2.0, 4.0, 8.0]
+    assert policy.backoff_cap(9) == 256.0
+    assert policy.backoff_cap(10) == policy.BACKOFF_CAP_SECONDS
+    assert policy.backoff_cap(100) == policy.BACKOFF_CAP_SECONDS
+
+
+class Fixed:
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + (b - a) * self.fraction
+
+
+@pytest.mark.parametrize("send_count", [1, 2, 5, 12, 99])
+def test_full_jitter_stays_within_zero_and_cap(send_count: int) -> None:
+    rng = random.Random(send_count)
+    far = NOW + dt.timedelta(days=1)
+    cap = dt.timedelta(seconds=policy.backoff_cap(send_count))
+    delays = []
+    for _ in range(500):
+        wake = policy.next_wake(NOW, far, send_count, rng)
+        assert wake is not None
+        assert NOW <= wake <= NOW + cap
+        delays.append(wake - NOW)
+    assert min(delays) < cap / 4 and max(delays) > cap * 3 / 4  # really spread over [0, cap]
+    assert policy.next_wake(NOW, far, send_count, Fixed(0.0)) == NOW
+    assert policy.next_wake(NOW, far, send_count, Fixed(1.0)) == NOW + cap
+
+
+def test_retry_after_is_a_floor() -> None:
+    far = NOW + dt.timedelta(days=1)
+    assert policy.next_wake(NOW, far, 1, Fixed(0.5), 30.0) == NOW + dt.timedelta(seconds=30)
+    # jitter above Retry-After wins
+    assert policy.next_wake(NOW, far, 9, Fixed(0.5), 30.0) == NOW + dt.timedelta(seconds=128)
+
+
+def test_wake_is_clamped_before_the_deadline() -> None:
+    deadline = NOW + dt.timedelta(seconds=10)
+    wake = policy.next_wake(NOW, deadline, 9, Fixed(1.0))
+    assert wake == deadline - policy.LAST_TRY_MARGIN
+    assert wake is not None and wake < deadline
+
+
+def test_retry_after_past_the_deadline_means_deadline_exceeded() -> None:
+    deadline = NOW + dt.timedelta(seconds=10)
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 10.0) is None
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 11.0) is None
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 9.0) == NOW + dt.timedelta(seconds=9)
+
+
+def test_no_retry_at_or_after_the_deadline() -> None:
+    assert policy.next_wake(DEADLINE, DEADLINE, 1, Fixed(0.0)) is None
+    assert policy.next_wake(DEADLINE + dt.timedelta(microseconds=1), DEADLINE, 1, Fixed(0)) is None
+    just_before = DEADLINE - dt.timedelta(milliseconds=2)
+    assert policy.next_wake(just_before, DEADLINE, 1, Fixed(0.0)) == just_before
+    assert policy.next_wake(DEADLINE - policy.LAST_TRY_MARGIN / 2, DEADLINE, 1, Fixed(0)) is None
+
+
+# --- guards -------------------------------------------------------------------------------------
+
+
+def test_deadline_boundary_now_equal_is_past() -> None:
+    assert policy.deadline_passed(DEADLINE, DEADLINE)
+    assert not policy.deadline_passed(DEADLINE - dt.timedelta(microseconds=1), DEADLINE)
+    assert policy.claim_guard(DEADLINE, 0, DEADLINE) == "DEADLINE_EXCEEDED"
+    assert policy.claim_guard(DEADLINE - dt.timedelta(microseconds=1), 0, DEADLINE) is None
+
+
+def test_attempts_guard() -> None:
+    assert policy.claim_guard(NOW, 99, DEADLINE) is None
+    assert policy.claim_guard(NOW, 100, DEADLINE) == "ATTEMPTS_EXHAUSTED"
+    assert policy.claim_guard(DEADLINE, 100, DEADLINE) == "DEADLINE_EXCEEDED"
+
+
+def test_requeue_refusals() -> None:
+    assert policy.requeue_refusal(NOW, "REVIEW", 99, DEADLINE) == ""
+    assert "100" in policy.requeue_refusal(NOW, "REVIEW", 100, DEADLINE)
+    assert "deadline" in policy.requeue_refusal(DEADLINE, "REVIEW", 1, DEADLINE)
+    for state in ("PENDING", "SENDING", "ACCEPTED"):
+        assert state in policy.requeue_refusal(NOW, state, 1, DEADLINE)
+
+
+def test_presend_check() -> None:
+    body = '{"n":1.10}'
+    args = dict(
+        stored_digest=policy.digest(body),
+        request_json=body,
+        row_namespace=NS,
+        row_queue=Q,
+        identity_namespace=NS,
+        identity_queues=frozenset({Q}),
+    )
+    assert policy.presend_check(**args) is None  # type: ignore[arg-type]
+    assert policy.presend_check(**{**args, "request_json": '{"n":1.1}'}) == "DIGEST_MISMATCH"  # type: ignore[arg-type]
+    assert policy.presend_check(**{**args, "identity_queues": frozenset()}) == "QUEUE_FORBIDDEN"  # type: ignore[arg-type]
+    assert policy.presend_check(**{**args, "identity_namespace": "e" * 32}) == ""  # type: ignore[arg-type]
+
+
+def test_digest_is_raw_sha256_of_utf8_bytes() -> None:
+    text = '{"emoji":"😀","n":0.1000000000000000000001}'
+    assert policy.digest(text) == hashlib.sha256(text.encode("utf-8")).digest()
+    assert len(policy.digest(text)) == 32
+    assert policy.idempotency_key("f" * 32) == "op-" + "f" * 32
+
+
+def test_exact_numbers_survive_parsing() -> None:
+    doc = policy.parse_json_exact('{"a":0.1000000000000000000001,"b":123456789012345678901234567}')
+    assert str(doc["a"]) == "0.1000000000000000000001"
+    assert doc["b"] == 123456789012345678901234567
+    with pytest.raises(ValueError):
+        policy.parse_json_exact('{"a":NaN}')
+
+
+def test_after_retryable() -> None:
+    assert policy.after_retryable(NOW, DEADLINE, 1, Fixed(0.0)) == (NOW, None)
+    assert policy.after_retryable(NOW, DEADLINE, 99, Fixed(0.0)) == (NOW, None)
+    assert policy.after_retryable(NOW, DEADLINE, 100, Fixed(0.0)) == (None, "ATTEMPTS_EXHAUSTED")
+    assert policy.after_retryable(DEADLINE, DEADLINE, 1, Fixed(0.0)) == (None, "DEADLINE_EXCEEDED")
+    assert policy.after_retryable(NOW, DEADLINE, 1, Fixed(0.0), 3600.0) == (
+        None,
+        "DEADLINE_EXCEEDED",
+    )
