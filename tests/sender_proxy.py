@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -89,10 +89,8 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
 
         def _drop(self) -> None:
             self.close_connection = True
-            try:
+            with suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
         def _handle(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)

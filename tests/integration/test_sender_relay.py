@@ -12,10 +12,10 @@ from sqlalchemy import Engine, text
 
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.sender import policy
+from tests import sender_support
 from tests.sender_proxy import PASS, Fault, fault_proxy
 from tests.sender_support import (
     World,
-    business,  # noqa: F401 - fixture
     check_invariants,
     drive,
     enqueue_many,
@@ -24,10 +24,12 @@ from tests.sender_support import (
     platform_task_count,
     rows,
     shift_clock,
-    world,  # noqa: F401 - fixture
 )
 
 pytestmark = [pytest.mark.mariadb]
+
+world = sender_support.world  # module fixture: platform database + API subprocess
+business = sender_support.business  # per-test business database
 
 
 def test_relay_accepts_every_row_once(world: World, business: tuple[str, Engine]) -> None:
@@ -134,7 +136,8 @@ def test_tampered_body_is_never_sent(world: World, business: tuple[str, Engine])
     with engine.begin() as conn:
         conn.execute(
             text(
-                "UPDATE sender_outbox SET request_json = '{\"tampered\": true}' WHERE operation_id=:op"
+                "UPDATE sender_outbox SET request_json = '{\"tampered\": true}' "
+                "WHERE operation_id=:op"
             ),
             {"op": op},
         )
