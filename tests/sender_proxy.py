@@ -32,6 +32,7 @@ class Fault:
     status: int = 0
     headers: tuple[tuple[str, str], ...] = ()
     seconds: float = 0.0
+    body: bytes = b'{"error":"injected","message":"fault proxy"}'
 
 
 PASS = Fault()
@@ -68,6 +69,20 @@ class FaultProxy:
         with self._lock:
             return [s for s in self.seen if s.method == "POST" and (key is None or s.key == key)]
 
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until no forwarded request is still on its way to the platform."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._lock:
+                busy = any(
+                    s.upstream_status is None and s.action in ("pass", "sleep", "drop_after")
+                    for s in self.seen
+                )
+            if not busy:
+                return
+            time.sleep(0.05)
+        raise TimeoutError("the fault proxy still has requests in flight")
+
     def _next_attempt(self, key: str | None) -> int:
         with self._lock:
             if key is None:
@@ -101,7 +116,7 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
             seen = Seen(time.time(), self.command, self.path, key, attempt, fault.kind)
             proxy._record(seen)
             if fault.kind == "status":
-                data = b'{"error":"injected","message":"fault proxy"}'
+                data = fault.body
                 self.send_response(fault.status)
                 for name, value in fault.headers:
                     self.send_header(name, value)
@@ -120,7 +135,12 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
                 for k, v in self.headers.items()
                 if k.lower() not in ("host", "content-length", "connection")
             }
-            resp = client.request(self.command, self.path, content=body, headers=headers)
+            try:
+                resp = client.request(self.command, self.path, content=body, headers=headers)
+            except httpx.HTTPError:
+                seen.upstream_status = -1  # the platform itself was unreachable
+                self._drop()
+                return
             seen.upstream_status = resp.status_code
             if fault.kind == "drop_after":
                 self._drop()
