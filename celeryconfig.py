@@ -7,6 +7,7 @@ time limits below the lease, task events on for Flower, no ETA/countdown (the da
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from orbit_tasks.settings import get_settings
 
@@ -23,6 +24,10 @@ if _settings.broker_is_filesystem:
         "control_folder": str(_settings.var_dir / "broker-control"),
         "store_processed": False,
     }
+    # kombu does not create these folders itself; a worker or publisher would crash on the first
+    # message of a fresh checkout.
+    for _key in ("data_folder_in", "processed_folder", "control_folder"):
+        Path(str(broker_transport_options[_key])).mkdir(parents=True, exist_ok=True)
 else:
     # Redis redelivers an unacked message after this; it must exceed the longest task run.
     broker_transport_options = {"visibility_timeout": 2 * _settings.archive_lease_seconds + 60}

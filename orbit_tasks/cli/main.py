@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "dev",
     "job",
     "worker",
+    "demo",
 ]
 
 
