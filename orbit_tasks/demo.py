@@ -132,7 +132,7 @@ class Demo:
         self.say("1. Platform set-up (SQLite + local volume)")
         self.orbit("db", "upgrade")
         self.orbit("sender", "db", "upgrade")
-        ns = self.orbit("namespace", "create", "acme", "--json")["id"]
+        self.orbit("namespace", "create", "acme", "--json")
         volume = self.root / "volume-a"
         storage = self.orbit("storage", "init", str(volume), "--label", "demo-a", "--json")
         storage_id = storage.get("storage_id") or storage["id"]

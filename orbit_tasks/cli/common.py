@@ -27,12 +27,37 @@ class OrbitGroup(click.Group):
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except OperationalError as exc:
-            code = getattr(exc.orig, "args", [None])[0]
-            click.echo(f"error: database unavailable (driver code {code})", err=True)
+            click.echo(f"error: {describe_operational_error(exc)}", err=True)
             ctx.exit(1)
         except DBAPIError as exc:
             click.echo(f"error: database refused the change ({type(exc.orig).__name__})", err=True)
             ctx.exit(1)
+
+
+# MySQL client/server codes that mean "cannot reach or use the server", not "bad statement".
+_UNAVAILABLE_CODES = {1040, 1045, 1049, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
+
+
+def describe_operational_error(exc: OperationalError) -> str:
+    """One line for the operator, without SQL text or parameters (they may hold business data)."""
+    args = getattr(exc.orig, "args", ())
+    code = args[0] if args else None
+    if isinstance(code, int):
+        if code in _UNAVAILABLE_CODES:
+            return f"database unavailable (driver code {code})"
+        if code == 4025:
+            return "database refused the change: a CHECK constraint failed (driver code 4025)"
+        if code in (1205, 1213):
+            return f"database busy (lock wait or deadlock, driver code {code}); retry"
+        return f"database error (driver code {code})"
+    text = str(code or "")
+    if "no such table" in text:
+        return "database schema missing: run `orbit db upgrade` (or `orbit sender db upgrade`)"
+    if "locked" in text:
+        return "database busy (SQLite file locked); retry"
+    if "unable to open" in text:
+        return "database unavailable (cannot open the SQLite file)"
+    return f"database error ({type(exc.orig).__name__})"
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
