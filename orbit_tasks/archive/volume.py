@@ -95,21 +95,42 @@ def read_identity(path: Path | str) -> VolumeIdentity:
 
 
 def write_identity(path: Path | str, storage_id: bytes, label: str) -> VolumeIdentity:
-    """Write the identity file of a new volume. Refuses a path that names a different storage."""
+    """Write the identity file of a new volume. Refuses a path that names a different storage.
+
+    The file is published with ``link()``, which never replaces an existing name: of two
+    concurrent ``storage init`` runs on one path exactly one identity wins, and the loser reads
+    it back (and is refused if it is not the one it meant to write).
+    """
     root = Path(path)
-    existing = root / IDENTITY_FILE
-    if existing.exists():
-        current = read_identity(root)
-        if current.storage_id != storage_id:
-            raise ConflictError(
-                f"{root} already holds storage {current.storage_id.hex()}; refusing to overwrite"
-            )
-        return current
+    if (root / IDENTITY_FILE).exists():
+        return _existing_identity(root, storage_id)
     root.mkdir(parents=True, exist_ok=True)
     doc = {"format": VOLUME_FORMAT, "label": label, "storage_id": storage_id.hex()}
     data = (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-    durable_write(root, IDENTITY_FILE, data)
+    tmp = root / f"{TMP_PREFIX}{IDENTITY_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, root / IDENTITY_FILE)
+    except FileExistsError:
+        return _existing_identity(root, storage_id)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(root)
     return VolumeIdentity(root.resolve(), storage_id, label)
+
+
+def _existing_identity(root: Path, storage_id: bytes) -> VolumeIdentity:
+    current = read_identity(root)
+    if current.storage_id != storage_id:
+        raise ConflictError(
+            f"{root} already holds storage {current.storage_id.hex()}; refusing to overwrite"
+        )
+    return current
 
 
 def job_dir(volume: Path, namespace_id: bytes, job_id: bytes) -> Path:
