@@ -1,0 +1,187 @@
+"""The relay in real ``celery worker -Q orbit.sender`` processes (Redis db 3) against the real API
+subprocess: 1,000 operations through two workers, and SIGKILL of a worker in the middle of its
+sends (its rows are taken over after their lease). The test publishes the ticks (as beat would)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import Engine, text
+
+from tests import sender_support
+from tests.sender_proxy import PASS, Fault, fault_proxy
+from tests.sender_support import (
+    REDIS_URL,
+    World,
+    celery_env,
+    check_invariants,
+    enqueue_many,
+    open_count,
+    rows,
+)
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+CELERY = REPO / ".venv" / "bin" / "celery"
+
+world = sender_support.world
+business = sender_support.business
+
+
+class Workers:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(self, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    str(CELERY),
+                    "-A",
+                    "orbit_tasks.celery_app",
+                    "worker",
+                    "-Q",
+                    "orbit.sender",
+                    "-c",
+                    "1",
+                    "-P",
+                    "prefork",
+                    "--without-heartbeat",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "-l",
+                    "INFO",
+                    "-n",
+                    f"{name}-{os.getpid()}@%h",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append((proc, log))
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the worker and its pool children (its own process group)."""
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc, _ in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def outputs(self) -> list[str]:
+        return [log.read_text(errors="replace") for _, log in self.procs]
+
+    def output(self) -> str:
+        return "\n".join(self.outputs())
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    w = Workers(tmp_path)
+    try:
+        yield w
+    finally:
+        w.stop_all()
+        redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+@pytest.fixture
+def beat() -> Iterator[Celery]:
+    app = Celery("sender-test-beat", broker=REDIS_URL)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def tick(app: Celery) -> None:
+    app.send_task("orbit.sender.tick", queue="orbit.sender", expires=5)
+
+
+def run_until_settled(app: Celery, engine: Engine, timeout: float, period: float = 0.5) -> None:
+    end = time.monotonic() + timeout
+    while open_count(engine) and time.monotonic() < end:
+        tick(app)
+        time.sleep(period)
+    assert open_count(engine) == 0, "rows still PENDING/SENDING"
+
+
+def test_thousand_operations_through_two_workers(
+    world: World, business: tuple[str, Engine], workers: Workers, beat: Celery
+) -> None:
+    url, engine = business
+    ops = enqueue_many(engine, world.ns, world.queues, 1000)
+    env = celery_env(url, world.platform_url, world.api.base_url, world.token)
+    workers.start("sender-a", env)
+    workers.start("sender-b", env)
+    run_until_settled(beat, engine, timeout=120)
+    assert check_invariants(engine, world.platform, require_accepted=True) == {"ACCEPTED": 1000}
+    assert len(rows(engine)) == len(ops)
+    out = workers.output()
+    assert "sender.pass.done" in out
+    assert out.count("sender.row.accepted") == 1000
+    assert all("sender.row.accepted" in o for o in workers.outputs())  # both workers sent
+    assert world.token not in out
+    assert "😀" not in out  # no request body in the logs
+
+
+def test_sigkill_mid_send_is_taken_over_after_the_lease(
+    world: World, business: tuple[str, Engine], workers: Workers, beat: Celery
+) -> None:
+    url, engine = business
+    enqueue_many(engine, world.ns, world.queues, 6)
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        # The first send of each key hangs in the proxy for 2 s (inside the 2.5 s timeout).
+        return Fault("sleep", seconds=2.0) if method == "POST" and attempt == 1 else PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        env = celery_env(
+            url, world.platform_url, proxy.url, world.token, ORBIT_SENDER_HTTP_TIMEOUT_SECONDS="2.5"
+        )
+        first = workers.start("sender-doomed", env)
+        end = time.monotonic() + 60
+        while not proxy.posts() and time.monotonic() < end:
+            tick(beat)
+            time.sleep(0.2)
+        assert proxy.posts(), "the first worker never sent"
+        workers.kill(first)  # mid-send: its POSTs are still sleeping in the proxy
+        with engine.connect() as conn:
+            sending = conn.execute(
+                text("SELECT operation_id FROM sender_outbox WHERE state='SENDING'")
+            ).all()
+        assert sending, "expected rows claimed by the killed worker"
+        killed = {r.operation_id for r in sending}
+        workers.start("sender-heir", env)
+        run_until_settled(beat, engine, timeout=60)
+        proxy.settle()
+    check_invariants(engine, world.platform, require_accepted=True)
+    table = rows(engine)
+    for op in killed:
+        r = table[op][0]
+        assert r.send_count >= 2 and r.lease_epoch >= 2  # the takeover was a new claim
+    assert world.token not in workers.output()
