@@ -57,7 +57,7 @@ def test_list_show_requeue(biz: tuple[str, Engine]) -> None:
     shown = invoke_json(["sender", "show", NS, ops[0]], env)
     assert shown["state"] == "REVIEW" and shown["idempotency_key"] == "op-" + ops[0]
     assert shown["digest_ok"] is True and "request_json" not in shown
-    assert shown["source_ref"] == "orders/0" and shown["request_bytes"] > 0
+    assert shown["source_ref"].startswith("orders/") and shown["request_bytes"] > 0
 
     before = rows(engine)[ops[0]][0]
     done = invoke_json(["sender", "requeue", NS, ops[0]], env)
