@@ -25,6 +25,9 @@ from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformCli
 logger = logging.getLogger("orbit.sender")
 
 SWEEP_LIMIT = 500
+# The claim guards catch due rows of claimable queues at once; the sweep is for the rest (rows no
+# credential can claim), so once per interval per process is enough and keeps big backlogs cheap.
+SWEEP_INTERVAL_SECONDS = 30.0
 _RETRYABLE_DB_ERRORS = (1205, 1213)  # lock wait timeout, deadlock
 T = TypeVar("T")
 Clock = Callable[[Connection], dt.datetime]
@@ -95,6 +98,7 @@ class Relay:
         self.rng = rng or random.SystemRandom()
         self.clock = clock
         self._queue_offset = 0
+        self._last_sweep: float | None = None
 
     # --- claiming ------------------------------------------------------------------------------
 
@@ -268,7 +272,10 @@ class Relay:
         stats = PassStats()
         # The sweep needs no credential: rows past their deadline go to REVIEW even when no
         # sender can claim them (platform down, token revoked, namespace without a sender).
-        stats.swept = self.sweep()
+        mono = time.monotonic()
+        if self._last_sweep is None or mono - self._last_sweep >= SWEEP_INTERVAL_SECONDS:
+            self._last_sweep = mono
+            stats.swept = self.sweep()
         try:
             identity = self.client.identity()
         except IdentityUnavailable as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
@@ -13,6 +14,7 @@ from sqlalchemy import Engine, text
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.sender import policy
 from tests import sender_support
+from tests.dbutil import migrated_engine
 from tests.sender_proxy import PASS, Fault, fault_proxy
 from tests.sender_support import (
     World,
@@ -269,3 +271,19 @@ def test_token_never_reaches_logs_or_the_business_database(
         assert r.last_code in policy.ALL_CODES
     receipts = platform_receipts(world.platform, world.ns)
     assert all(world.token not in rec for _, rec in receipts.values())
+
+
+def test_relay_on_the_embedded_sqlite_business_database(world: World, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'business.sqlite3'}"
+    with migrated_engine(url, "business") as engine:
+        ops = enqueue_many(engine, world.ns, world.queues, 10)
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE sender_outbox SET request_json='{}' WHERE operation_id=:op"),
+                {"op": ops[0]},
+            )
+        relay = make_relay(engine, world.api.base_url, world.token)
+        drive(relay, engine)
+        relay.client.close()
+        assert check_invariants(engine, world.platform) == {"ACCEPTED": 9, "REVIEW": 1}
+        assert rows(engine)[ops[0]][0].last_code == "DIGEST_MISMATCH"
