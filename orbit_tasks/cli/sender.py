@@ -91,7 +91,7 @@ def sender_list(
         emit(rows, True)
         return
     emit_table(
-        rows,
+        [{k: ("-" if v is None else v) for k, v in r.items()} for r in rows],
         ["namespace_id", "operation_id", "state", "last_code", "send_count", "wake_at", "task_id"],
     )
 
