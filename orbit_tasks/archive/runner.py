@@ -117,6 +117,7 @@ def run_job(
             return "not_mounted"
         c = store.claim(engine, ns_id, job_id, settings.archive_lease_seconds)
         if c is None:
+            log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
             return "not_claimed"
         log_action(
             log,

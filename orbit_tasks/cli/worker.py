@@ -36,7 +36,12 @@ def _celery(*args: str) -> list[str]:
 
 
 def _worker_argv(
-    queues: list[str], concurrency: int, name: str, pool: str, loglevel: str
+    queues: list[str],
+    concurrency: int,
+    name: str,
+    pool: str,
+    loglevel: str,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
     return _celery(
         "worker",
@@ -55,6 +60,7 @@ def _worker_argv(
         "-l",
         loglevel,
         "-E",
+        *extra,
     )
 
 
@@ -68,6 +74,7 @@ def _exec(argv: list[str], env: dict[str, str], print_only: bool) -> None:
 
 
 _common = [
+    click.argument("celery_args", nargs=-1, type=click.UNPROCESSED),
     click.option("--concurrency", "-c", type=click.IntRange(1, 256), default=1, show_default=True),
     click.option("--name", "-n", default=None, help="Node name (default <kind>-<pid>@<host>)."),
     click.option(
@@ -94,12 +101,15 @@ def _node(name: str | None, kind: str) -> str:
     return name or f"{kind}-{os.getpid()}@{socket.gethostname()}"
 
 
+_EPILOG = "Arguments after -- are passed to celery worker (e.g. -- --without-mingle)."
+
+
 @click.group("worker")
 def worker_group() -> None:
     """Start Celery workers with explicit queue lists."""
 
 
-@worker_group.command("archive")
+@worker_group.command("archive", epilog=_EPILOG)
 @click.option(
     "--volume",
     "volumes",
@@ -118,6 +128,7 @@ def worker_archive(
     pool: str,
     loglevel: str,
     print_command: bool,
+    celery_args: tuple[str, ...],
 ) -> None:
     """Consume the queues of the given volumes (and orbit.control unless --no-control)."""
     mounted: dict[str, str] = {}
@@ -140,31 +151,45 @@ def worker_archive(
         queues.append(CONTROL_QUEUE)
     env = dict(os.environ)
     env[VOLUMES_ENV] = json.dumps(mounted, sort_keys=True)
-    argv = _worker_argv(queues, concurrency, _node(name, "archive"), pool, loglevel)
+    argv = _worker_argv(queues, concurrency, _node(name, "archive"), pool, loglevel, celery_args)
     _exec(argv, env, print_command)
 
 
-@worker_group.command("control")
+@worker_group.command("control", epilog=_EPILOG)
 @common_options
 def worker_control(
-    concurrency: int, name: str | None, pool: str, loglevel: str, print_command: bool
+    concurrency: int,
+    name: str | None,
+    pool: str,
+    loglevel: str,
+    print_command: bool,
+    celery_args: tuple[str, ...],
 ) -> None:
     """Consume orbit.control only (ticks)."""
     env = dict(os.environ)
     env.pop(VOLUMES_ENV, None)
-    argv = _worker_argv([CONTROL_QUEUE], concurrency, _node(name, "control"), pool, loglevel)
+    argv = _worker_argv(
+        [CONTROL_QUEUE], concurrency, _node(name, "control"), pool, loglevel, celery_args
+    )
     _exec(argv, env, print_command)
 
 
-@worker_group.command("sender")
+@worker_group.command("sender", epilog=_EPILOG)
 @common_options
 def worker_sender(
-    concurrency: int, name: str | None, pool: str, loglevel: str, print_command: bool
+    concurrency: int,
+    name: str | None,
+    pool: str,
+    loglevel: str,
+    print_command: bool,
+    celery_args: tuple[str, ...],
 ) -> None:
     """Consume orbit.sender only (outbox relay)."""
     env = dict(os.environ)
     env.pop(VOLUMES_ENV, None)
-    argv = _worker_argv([SENDER_QUEUE], concurrency, _node(name, "sender"), pool, loglevel)
+    argv = _worker_argv(
+        [SENDER_QUEUE], concurrency, _node(name, "sender"), pool, loglevel, celery_args
+    )
     _exec(argv, env, print_command)
 
 

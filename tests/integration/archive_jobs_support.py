@@ -71,6 +71,7 @@ class ArchiveEnv:
         failpoints: str | None = None,
         pool: str = "prefork",
         extra_env: dict[str, str] | None = None,
+        wait_ready: bool = True,
     ) -> Worker:
         env = dict(self.env)
         if failpoints:
@@ -80,6 +81,7 @@ class ArchiveEnv:
         args += ["-n", f"{name}-{os.getpid()}@test", "-l", "INFO"]
         for v in volumes:
             args += ["--volume", str(v)]
+        args += ["--", "--without-mingle", "--without-gossip", "--without-heartbeat"]
         log = self.tmp / f"worker-{name}.log"
         fh = open(log, "wb")  # noqa: SIM115 - closed in Worker.stop
         proc = subprocess.Popen(
@@ -87,6 +89,11 @@ class ArchiveEnv:
         )
         w = Worker(name, proc, log, fh)
         self.workers.append(w)
+        if wait_ready:
+            # a wake-up published before the worker declared its queue is dropped by Redis
+            # (the next tick's sweep would publish again); tests wait instead of ticking
+            wait_for(lambda: "ready." in w.text() or w.proc.poll() is not None, 30, "ready")
+            assert w.proc.poll() is None, w.text()
         return w
 
     def job(self, ns_id: bytes, job_id: bytes) -> Job:
@@ -236,6 +243,20 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, step: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(step)
+
+
+def tick_wait(ae: ArchiveEnv, pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``wait_for`` that runs a tick every 2 s like beat would (sweeps publish wake-ups)."""
+    last = [time.monotonic()]
+
+    def check() -> Any:
+        value = pred()
+        if not value and time.monotonic() - last[0] > 2:
+            ae.tick()
+            last[0] = time.monotonic()
+        return value
+
+    return wait_for(check, timeout, what, 0.2)
 
 
 def wait_state(

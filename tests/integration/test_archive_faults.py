@@ -1,0 +1,335 @@
+"""Fault tests of archive jobs with real `celery worker` processes (SPEC §5, §10).
+
+Every test checks the invariants: a SUCCEEDED job verifies from disk and holds exactly the roots
+of its range once; no confirmed file is ever deleted or rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, insert, select
+
+from orbit_tasks.archive.fileformat import parse_name, tail_name
+from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.volume import job_dir, write_identity
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.history_tables import audit_events
+from orbit_tasks.platform import generator
+from orbit_tasks.platform.history import HISTORY_KINDS
+from tests.integration.archive_jobs_support import (
+    REDIS_URL,
+    ArchiveEnv,
+    MiB,
+    archive_env,
+    assert_succeeded_exactly,
+    cli_json,
+    create_job,
+    file_snapshot,
+    make_namespace,
+    make_plan,
+    make_volume,
+    seed,
+    tick_wait,
+    wait_for,
+    wait_marker,
+    wait_state,
+)
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
+
+DONE = {JobState.SUCCEEDED, JobState.FAILED}
+
+
+@pytest.fixture
+def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
+    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
+        yield env
+
+
+def _setup(ae: ArchiveEnv, name: str, roots: int = 30, batch: int = 5, **plan: Any) -> tuple:
+    ns, q = make_namespace(ae.engine, name)
+    vol = ae.tmp / f"vol-{name}"
+    sid = make_volume(ae.engine, vol, name)
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=batch, **plan)
+    seed(ae.engine, ns, q, "tasks", roots)
+    return ns, q, vol, sid
+
+
+def _confirmed(snapshot: dict[str, bytes], job: Job) -> dict[str, bytes]:
+    """The files of ``snapshot`` that belong to the confirmed prefix of ``job``."""
+    if not job.has_manifest:
+        return {}
+    names: dict[str, bytes] = {}
+    seq, sha = job.batches, job.last_sha256
+    while True:
+        name = tail_name(seq, sha)
+        names[name] = snapshot[name]
+        if seq == 0:
+            return names
+        from orbit_tasks.archive.fileformat import decode_batch
+
+        sha = decode_batch(snapshot[name]).header["prev_sha256"]
+        seq -= 1
+
+
+def _assert_kept(vol: Path, job: Job, confirmed: dict[str, bytes]) -> None:
+    now = file_snapshot(vol, job)
+    for name, data in confirmed.items():
+        assert now.get(name) == data, f"confirmed file {name} was deleted or rewritten"
+
+
+@pytest.mark.parametrize(
+    "failpoint, stalled_claims",
+    [
+        ("archive.after_file_write=pause@3", 1),  # batch 2 written, not confirmed
+        ("archive.after_confirm=pause@3", 1),  # batch 2 confirmed (next claim chained)
+        ("archive.before_finalize=pause", 1),  # final batch confirmed, not finalized
+    ],
+)
+def test_sigkill_at_a_step_boundary_then_takeover(
+    ae: ArchiveEnv, failpoint: str, stalled_claims: int
+) -> None:
+    ns, _, vol, _ = _setup(ae, "kill")
+    marker = ae.tmp / "marker"
+    victim = ae.worker("victim", [vol], failpoints=f"{failpoint}:{marker}")
+    job = create_job(ae, ns, "tasks")
+    wait_marker(marker)
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(timeout=10)
+    at_kill = ae.job(ns, job.id)
+    assert at_kill.state is JobState.RUNNING  # the dead claim still holds its lease
+    confirmed = _confirmed(file_snapshot(vol, job), at_kill)
+    if "after_file_write" in failpoint:
+        assert len(file_snapshot(vol, job)) == len(confirmed) + 1  # one unconfirmed file
+    ae.worker("rescuer", [vol])
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done
+    assert done.attempts == done.batches + 1 + stalled_claims
+    _assert_kept(vol, job, confirmed)
+    assert_succeeded_exactly(ae, done, vol)
+
+
+def test_duplicate_wakeup_has_one_owner(ae: ArchiveEnv) -> None:
+    ns, _, vol, sid = _setup(ae, "dup", roots=40)
+    w1 = ae.worker("one", [vol])
+    w2 = ae.worker("two", [vol])  # both are ready (ae.worker waits) before the wake-ups
+    job = create_job(ae, ns, "tasks")  # the tick publishes one wake-up ...
+    ae.publish(sid, ns, job.id)  # ... and a duplicate goes out at once
+    done = wait_state(ae, job, DONE, timeout=60, wake=False)
+    assert done.state is JobState.SUCCEEDED
+    assert done.attempts == done.batches + 1  # no extra claim
+    hexid = job.id.hex()
+
+    def has(w: Any, action: str) -> bool:
+        return any(action in ln and hexid in ln for ln in w.text().splitlines())
+
+    wait_for(lambda: has(w1, "archive.job.") and has(w2, "archive.job."), 20, "both deliveries")
+    writers = [w for w in (w1, w2) if has(w, "archive.job.file_written")]
+    assert len(writers) == 1, "exactly one worker wrote files"
+    other = w2 if writers[0] is w1 else w1
+    wait_for(lambda: has(other, "archive.job.not_claimed"), 20, "the duplicate was refused")
+    assert not has(other, "archive.job.claimed")
+    assert_succeeded_exactly(ae, done, vol)
+
+
+def test_stale_worker_confirm_is_rejected(ae: ArchiveEnv) -> None:
+    ns, _, vol, _ = _setup(ae, "stale")
+    marker = ae.tmp / "stopped"
+    # solo pool: the stopped process is the worker itself (no pool parent enforcing time limits)
+    stale = ae.worker(
+        "stale", [vol], failpoints=f"archive.after_file_write=stop@3:{marker}", pool="solo"
+    )
+    job = create_job(ae, ns, "tasks")
+    wait_marker(marker)
+    wait_for(lambda: stale.proc.poll() is None and _is_stopped(stale.proc.pid), 10, "SIGSTOP")
+    written = file_snapshot(vol, job)
+    at_stop = ae.job(ns, job.id)
+    stale_files = set(written) - set(_confirmed(written, at_stop))
+    assert len(stale_files) == 1  # the file it wrote and did not confirm
+    ae.worker("owner", [vol])
+    # wait until the new owner confirmed past the stale worker's file
+    past = tick_wait(
+        ae, lambda: (j := ae.job(ns, job.id)).batches >= at_stop.batches + 2 and j, 60, "takeover"
+    )
+    confirmed = _confirmed(file_snapshot(vol, job), past) if past.state is JobState.RUNNING else {}
+    stale.signal(signal.SIGCONT)
+    wait_for(lambda: "archive.job.lease_lost" in stale.text(), 30, "stale confirm rejected")
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done
+    _assert_kept(vol, job, confirmed)
+    assert_succeeded_exactly(ae, done, vol)
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def test_redis_flush_only_delays_until_the_next_tick(ae: ArchiveEnv) -> None:
+    ns, _, vol, _ = _setup(ae, "flush", roots=30)
+    r = redis.Redis.from_url(REDIS_URL)
+    job = create_job(ae, ns, "tasks")  # wake-up published ...
+    r.flushdb()  # ... and lost
+    ae.worker("w", [vol])
+    time.sleep(1.0)
+    assert ae.job(ns, job.id).state is JobState.PENDING  # nobody was woken
+    ae.tick()  # the sweep publishes again
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.SUCCEEDED
+    assert_succeeded_exactly(ae, done, vol)
+    r.close()
+
+
+def test_tampered_batch_is_chain_broken_and_verify_names_it(ae: ArchiveEnv) -> None:
+    ns, _, vol, _ = _setup(ae, "tamper")
+    marker = ae.tmp / "marker"
+    victim = ae.worker("victim", [vol], failpoints=f"archive.after_confirm=pause@4:{marker}")
+    job = create_job(ae, ns, "tasks")
+    wait_marker(marker)
+    victim.signal(signal.SIGKILL)
+    at_kill = ae.job(ns, job.id)
+    assert at_kill.batches == 3
+    d = job_dir(vol, ns, job.id)
+    batch1 = next(p for p in d.iterdir() if (n := parse_name(p.name)) and n.seq == 1)
+    data = bytearray(batch1.read_bytes())
+    data[20] ^= 0xFF  # one flipped byte inside the gzip stream
+    batch1.write_bytes(bytes(data))
+    ae.worker("rescuer", [vol])
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.FAILED and done.error_code == "CHAIN_BROKEN"
+    assert done.lease_id is None
+    proc = ae.orbit("job", "verify", "tamper", job.id.hex(), "--volume", str(vol), check=False)
+    assert proc.returncode == 1
+    assert batch1.name in proc.stdout
+    assert batch1.exists()  # nothing confirmed is deleted, even when broken
+
+
+def test_wrong_volume_is_storage_mismatch_and_writes_nothing(ae: ArchiveEnv) -> None:
+    ns, _, vol, sid = _setup(ae, "wrongvol")
+    other = make_volume(ae.engine, ae.tmp / "other-vol", "other")
+    ae.worker("w", [vol])  # verified at start ...
+    ident = vol / ".orbit-volume.json"
+    ident.unlink()  # ... then another disk appears at the same mount point
+    write_identity(vol, other, "other")
+    job = create_job(ae, ns, "tasks")
+    done = wait_state(ae, job, DONE, timeout=30)
+    assert done.state is JobState.FAILED and done.error_code == "STORAGE_MISMATCH"
+    assert done.batches == 0 and done.bytes == 0 and done.last_sha256 == ""
+    assert not (vol / ns.hex()).exists()  # nothing written
+    assert sid != other
+
+
+def _seed_big(ae: ArchiveEnv, ns: bytes, q: bytes, roots: int, payload: int) -> None:
+    """Task roots whose request_json carries ``payload`` random hex characters (gzip ~1/2)."""
+    rnd = random.Random(7)
+    spec = generator.make_spec("tasks", roots, days=2, settled_fraction=1.0)
+    hk = HISTORY_KINDS["tasks"]
+    with ae.engine.begin() as conn:
+        for chunk in generator.generate(spec, ns, [q], rnd, db_now(conn)):
+            for root in chunk.roots:
+                root["request_json"] = f'{{"blob":"{rnd.randbytes(payload // 2).hex()}"}}'
+            conn.execute(insert(hk.root), chunk.roots)
+            conn.execute(insert(hk.children[0].table), chunk.children)
+
+
+def test_budget_exceeded_then_retry_with_a_higher_budget(ae: ArchiveEnv) -> None:
+    ns, q, vol, _ = _setup(ae, "budget", roots=1, batch=10, max_bytes=2 * MiB)
+    _seed_big(ae, ns, q, roots=100, payload=50_000)  # ~2.5 MB of batches
+    ae.worker("w", [vol])
+    job = create_job(ae, ns, "tasks")
+    failed = wait_state(ae, job, DONE, timeout=60)
+    assert failed.state is JobState.FAILED and failed.error_code == "BUDGET_EXCEEDED"
+    assert 0 < failed.bytes <= 2 * MiB
+    prefix = file_snapshot(ae.tmp / "vol-budget", failed)
+    assert len(prefix) == failed.batches + 1  # the file over budget is not kept
+    lower = ae.orbit("job", "retry", "budget", job.id.hex(), "--max-bytes", "1536KiB", check=False)
+    assert lower.returncode == 2 and "lower than the job's max_bytes" in lower.stderr
+    stale = ae.orbit(
+        "job", "retry", "budget", job.id.hex(), "--max-bytes", "8MiB", "--expect-revision",
+        str(failed.revision - 1), check=False,
+    )  # fmt: skip
+    assert stale.returncode == 3
+    assert ae.job(ns, job.id) == failed  # refused: nothing written
+    retried = cli_json(
+        ae.orbit(
+            "job", "retry", "budget", job.id.hex(), "--max-bytes", "8MiB", "--expect-revision",
+            str(failed.revision), "--json",
+        )
+    )  # fmt: skip
+    assert retried["state"] == "PENDING" and retried["max_bytes"] == 8 * MiB
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done
+    assert done.error_code == ""
+    _assert_kept(vol, job, prefix)  # resumed from the confirmed prefix
+    assert_succeeded_exactly(ae, done, vol)
+    with ae.engine.connect() as conn:
+        audit = conn.execute(
+            select(audit_events.c.actor, audit_events.c.action).where(
+                audit_events.c.namespace_id == ns, audit_events.c.target_id == job.id.hex()
+            )
+        ).all()
+    assert [tuple(a) for a in audit] == [("test-operator", "archive.job.retry")]
+
+
+def test_abandon_rules(ae: ArchiveEnv) -> None:
+    ns, _, vol, sid = _setup(ae, "abandon")
+    job = create_job(ae, ns, "tasks")  # PENDING, nobody mounts the volume
+    live = ae.orbit("job", "retry", "abandon", job.id.hex(), check=False)
+    assert live.returncode == 3  # retry only from FAILED
+    out = cli_json(ae.orbit("job", "abandon", "abandon", job.id.hex(), "--json"))
+    assert out["state"] == "ABANDONED"
+    again = ae.orbit("job", "abandon", "abandon", job.id.hex(), check=False)
+    assert again.returncode == 3
+    missing = ae.orbit("job", "show", "abandon", "0" * 32, check=False)
+    assert missing.returncode == 4
+    with ae.engine.connect() as conn:
+        from orbit_tasks.db.platform_tables import archive_plans
+
+        active = conn.execute(
+            select(archive_plans.c.active_job_id).where(archive_plans.c.namespace_id == ns)
+        ).scalar()
+    assert active is None  # the plan is free for the next run
+
+
+@pytest.fixture
+def tmpfs_volume(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=768k", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root/CAP_SYS_ADMIN): {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_on_a_small_tmpfs(ae: ArchiveEnv, tmpfs_volume: Path) -> None:
+    ns, q = make_namespace(ae.engine, "diskfull")
+    sid = make_volume(ae.engine, tmpfs_volume, "small")
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=10, max_bytes=64 * MiB)
+    _seed_big(ae, ns, q, roots=100, payload=50_000)  # ~2.5 MB > 768 KiB
+    ae.worker("w", [tmpfs_volume])
+    job = create_job(ae, ns, "tasks")
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.FAILED and done.error_code == "DISK_FULL"
+    files = file_snapshot(tmpfs_volume, done)
+    assert len(files) == done.batches + 1  # only the confirmed chain, no partial file
+    assert not [n for n in os.listdir(job_dir(tmpfs_volume, ns, job.id)) if n.startswith(".tmp-")]
