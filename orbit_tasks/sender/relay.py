@@ -57,7 +57,7 @@ class PassStats:
 
 
 @dataclass(frozen=True)
-class _Owned:
+class Owned:
     row: store.Claimed
     mono: float  # time.monotonic() at the claim
 
@@ -111,7 +111,7 @@ class Relay:
             log_action(logger, "sender.sweep.deadline_exceeded", rows=moved)
         return moved
 
-    def claim_batch(self, identity: Identity, limit: int) -> tuple[list[_Owned], int, int]:
+    def claim_batch(self, identity: Identity, limit: int) -> tuple[list[Owned], int, int]:
         """Claim up to ``limit`` due rows of the identity's allowed queues in one transaction.
         Returns (claimed rows, due rows seen, rows moved to REVIEW by the guards)."""
         queues = sorted(identity.queue_ids)
@@ -121,7 +121,7 @@ class Relay:
         self._queue_offset += 1
         order = queues[start:] + queues[:start]
 
-        def run(conn: Connection) -> tuple[list[_Owned], int, int]:
+        def run(conn: Connection) -> tuple[list[Owned], int, int]:
             now = self.clock(conn)
             claims: list[tuple[store.Candidate, int]] = []
             seen = guarded = 0
@@ -147,18 +147,18 @@ class Relay:
                     elif store.claim(conn, cand, now, self.lease_seconds):
                         claims.append((cand, cand.lease_epoch + 1))
             rows = store.load_claimed(conn, claims, now, self.lease_seconds) if claims else []
-            return [_Owned(r, 0.0) for r in rows], seen, guarded
+            return [Owned(r, 0.0) for r in rows], seen, guarded
 
         owned, seen, guarded = _with_db_retry(self.engine, run)
         mono = time.monotonic()
-        return [_Owned(o.row, mono) for o in owned], seen, guarded
+        return [Owned(o.row, mono) for o in owned], seen, guarded
 
     # --- one row -------------------------------------------------------------------------------
 
-    def _write(self, owned: _Owned, fn: Callable[[Connection, dt.datetime], bool]) -> bool:
+    def _write(self, owned: Owned, fn: Callable[[Connection, dt.datetime], bool]) -> bool:
         return _with_db_retry(self.engine, lambda conn: fn(conn, self.clock(conn)))
 
-    def process(self, owned: _Owned) -> str:
+    def process(self, owned: Owned) -> str:
         """Check, send and record one claimed row. Returns a result label for the stats."""
         row = owned.row
         fields: dict[str, Any] = dict(
@@ -176,7 +176,7 @@ class Relay:
             )
             return "error"
 
-    def _process(self, owned: _Owned, fields: dict[str, Any]) -> str:
+    def _process(self, owned: Owned, fields: dict[str, Any]) -> str:
         row = owned.row
         try:
             identity = self.client.identity()
@@ -257,7 +257,7 @@ class Relay:
         log_action(logger, f"sender.row.{outcome.kind}", **extra, **fields)
         return outcome.kind
 
-    def _review(self, owned: _Owned, code: str, fields: dict[str, Any]) -> str:
+    def _review(self, owned: Owned, code: str, fields: dict[str, Any]) -> str:
         if self._write(owned, lambda c, now: store.write_review(c, owned.row, code, now)):
             log_action(logger, "sender.row.review", code=code, **fields)
             return "review"

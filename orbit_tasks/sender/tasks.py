@@ -7,14 +7,17 @@ sender worker joins in. Messages are wake-ups only: ownership is the database cl
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from orbit_tasks.celery_app import app
 from orbit_tasks.db.registry import business_engine
+from orbit_tasks.logs import log_action
 from orbit_tasks.sender.client import PlatformClient
 from orbit_tasks.sender.relay import PassStats, Relay
 from orbit_tasks.settings import get_settings
 
+logger = logging.getLogger("orbit.sender")
 _lock = threading.Lock()
 _relay: Relay | None = None
 
@@ -63,7 +66,12 @@ def tick() -> dict[str, object]:
     """One bounded relay pass (no ETA: the database's ``wake_at`` holds every time)."""
     stats = _run()
     if stats.more:
-        relay_task.apply_async(queue="orbit.sender")
+        try:
+            relay_task.apply_async(queue="orbit.sender")
+        except Exception as exc:  # noqa: BLE001 - a lost wake-up only waits for the next tick
+            log_action(
+                logger, "sender.wakeup.publish_failed", logging.WARNING, error=type(exc).__name__
+            )
     return stats.as_fields()
 
 
