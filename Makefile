@@ -36,7 +36,7 @@ demo: install
 
 ## Benchmarks (separate from tests); results go to bench/RESULTS.md.
 bench: install services
-	$(PY) -m bench.run
+	$(PY) bench/run.py
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache build *.egg-info
