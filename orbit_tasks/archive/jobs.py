@@ -15,10 +15,11 @@ from typing import Any
 
 from orbit_tasks.errors import IllegalState, InvalidInput
 
-#: Largest single archive file (manifest or batch) as stored. A batch whose file would be larger is
-#: halved by root count; a single root whose file is still larger fails ``ROOT_TOO_LARGE``. The cap
-#: of one job is ``min(MAX_FILE_BYTES, job.max_bytes)``: a file larger than the whole budget could
-#: never be confirmed anyway.
+#: Per-file cap: one archive file (manifest or batch) may take at most a quarter of the job's
+#: budget, and never more than 64 MiB: ``file_cap(max_bytes) = min(MAX_FILE_BYTES, max_bytes // 4)``
+#: (256 KiB at the 1 MiB minimum budget). A batch whose file would be larger is halved by root
+#: count until it fits; a single root whose file is still larger fails ``ROOT_TOO_LARGE``. Raising
+#: the budget by ``retry --max-bytes`` raises the cap too.
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
@@ -174,7 +175,7 @@ def over_budget(bytes_so_far: int, size: int, max_bytes: int) -> bool:
 
 
 def file_cap(max_bytes: int) -> int:
-    return min(MAX_FILE_BYTES, max_bytes)
+    return min(MAX_FILE_BYTES, max_bytes // 4)
 
 
 def check_retry(state: JobState, max_bytes: int, new_max_bytes: int | None) -> int:

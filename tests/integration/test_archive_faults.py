@@ -333,3 +333,159 @@ def test_disk_full_on_a_small_tmpfs(ae: ArchiveEnv, tmpfs_volume: Path) -> None:
     files = file_snapshot(tmpfs_volume, done)
     assert len(files) == done.batches + 1  # only the confirmed chain, no partial file
     assert not [n for n in os.listdir(job_dir(tmpfs_volume, ns, job.id)) if n.startswith(".tmp-")]
+
+
+# --- the runner in-process (same code as the Celery task; real database and files) -------------
+
+
+def _run(ae: ArchiveEnv, job: Job, vol: Path, sid: bytes, **overrides: Any) -> str:
+    from orbit_tasks.archive import runner
+
+    settings = ae.settings.with_overrides(**overrides) if overrides else ae.settings
+    return runner.run_job(
+        job.namespace_id.hex(),
+        job.id.hex(),
+        {sid.hex(): vol},
+        settings,
+        engine=ae.engine,
+        publish=lambda *_: None,
+    )
+
+
+def _seed_sized(
+    ae: ArchiveEnv, ns: bytes, q: bytes, sizes: list[int], seed: int = 3, settled: Any = None
+) -> list[bytes]:
+    """One settled task root per entry, its request_json carrying that many random hex chars
+    (settled at ``settled`` if given). Returns the root ids."""
+    rnd = random.Random(seed)
+    spec = generator.make_spec("tasks", len(sizes), days=2, settled_fraction=1.0)
+    hk = HISTORY_KINDS["tasks"]
+    with ae.engine.begin() as conn:
+        chunk = next(generator.generate(spec, ns, [q], rnd, db_now(conn)))
+        for root, size in zip(chunk.roots, sizes, strict=True):
+            root["request_json"] = f'{{"blob":"{rnd.randbytes(size // 2).hex()}"}}'
+            if settled is not None:
+                root["finished_at"] = settled
+        conn.execute(insert(hk.root), chunk.roots)
+        conn.execute(insert(hk.children[0].table), chunk.children)
+    return [r["id"] for r in chunk.roots]
+
+
+def test_big_batch_is_halved_and_a_too_large_root_fails_until_the_budget_grows(
+    ae: ArchiveEnv,
+) -> None:
+    ns, q = make_namespace(ae.engine, "sizes")
+    vol = ae.tmp / "vol-sizes"
+    sid = make_volume(ae.engine, vol)
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=10, max_bytes=2 * MiB)  # cap 512 KiB
+    _seed_sized(ae, ns, q, [200_000] * 6)  # ~100 KB gzip each: 6 in one file would be ~600 KB
+    job = create_job(ae, ns, "tasks")
+    assert _run(ae, job, vol, sid) == "succeeded"
+    done = ae.job(ns, job.id)
+    assert done.roots == 6 and done.batches == 2  # halved once: 3 + 3
+    assert all(len(d) <= 512 * 1024 for d in file_snapshot(vol, done).values())
+    assert_succeeded_exactly(ae, done, vol)
+
+    from orbit_tasks.archive import job_store
+    from tests.integration.archive_jobs_support import make_due
+
+    with ae.engine.connect() as conn:
+        until = job_store.job_range(conn, done).until  # = the next job's from (inclusive)
+    big = _seed_sized(ae, ns, q, [1_200_000], seed=4, settled=until)  # ~600 KB gzip > cap
+    make_due(ae.engine, ns, "tasks")
+    job2 = create_job(ae, ns, "tasks")
+    assert _run(ae, job2, vol, sid) == "failed"
+    failed = ae.job(ns, job2.id)
+    assert failed.error_code == "ROOT_TOO_LARGE" and failed.batches == 0  # manifest only
+    ae.orbit("job", "retry", "sizes", job2.id.hex(), "--max-bytes", "4MiB")  # cap 1 MiB
+    assert _run(ae, job2, vol, sid) == "succeeded"
+    assert assert_succeeded_exactly(ae, ae.job(ns, job2.id), vol) == big
+
+
+def test_stall_guard_fails_a_job_that_keeps_dying_and_retry_proceeds(ae: ArchiveEnv) -> None:
+    from orbit_tasks.archive import job_store
+
+    ns, _, vol, sid = _setup(ae, "stall", roots=10)
+    job = create_job(ae, ns, "tasks")
+    for _ in range(2):  # two claims that die without confirming anything
+        assert job_store.claim(ae.engine, ns, job.id, lease_seconds=1) is not None
+        time.sleep(1.05)
+    # takeover: attempts 3, batches 0 -> 3 - 0 - 1 = 2 stalls >= max_stalls 2
+    assert _run(ae, job, vol, sid, archive_max_stalls=2) == "failed"
+    stalled = ae.job(ns, job.id)
+    assert stalled.error_code == "STALLED" and stalled.attempts == 3
+    ae.orbit("job", "retry", "stall", job.id.hex(), "--expect-revision", str(stalled.revision))
+    assert _run(ae, job, vol, sid, archive_max_stalls=2) == "succeeded"  # claim from PENDING
+    assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
+
+
+def test_source_changed_and_policy_missing(ae: ArchiveEnv) -> None:
+    from orbit_tasks.db.history_tables import tasks
+    from orbit_tasks.db.platform_tables import archive_policies
+
+    ns, _, vol, sid = _setup(ae, "changed", roots=20)
+    job = create_job(ae, ns, "tasks")
+    assert _run(ae, job, vol, sid, archive_slice_seconds=0) == "released"  # manifest confirmed
+    assert _run(ae, job, vol, sid, archive_slice_seconds=0) == "released"  # batch 1
+    with ae.engine.begin() as conn:  # a settled root vanishes after it was counted
+        last = conn.execute(
+            select(tasks.c.id)
+            .where(tasks.c.namespace_id == ns, tasks.c.finished_at.is_not(None))
+            .order_by(tasks.c.finished_at.desc())
+        ).first()
+        assert last is not None
+        conn.execute(tasks.update().where(tasks.c.id == last.id).values(finished_at=None))
+    assert _run(ae, job, vol, sid) == "failed"
+    assert ae.job(ns, job.id).error_code == "SOURCE_CHANGED"
+
+    ns2, _, vol2, sid2 = _setup(ae, "nopolicy", roots=5)
+    job2 = create_job(ae, ns2, "tasks")
+    with ae.engine.begin() as conn:
+        conn.execute(archive_policies.delete().where(archive_policies.c.namespace_id == ns2))
+    assert _run(ae, job2, vol2, sid2) == "failed"
+    assert ae.job(ns2, job2.id).error_code == "POLICY_MISSING"
+    assert not job_dir(vol2, ns2, job2.id).exists()
+
+
+def test_lock_wait_timeout_is_transient_not_a_failure(ae: ArchiveEnv) -> None:
+    from orbit_tasks.db.engine import make_engine
+    from orbit_tasks.db.platform_tables import archive_jobs
+
+    ns, _, vol, sid = _setup(ae, "locked", roots=5)
+    job = create_job(ae, ns, "tasks")
+    impatient = make_engine(ae.url, connect_args={"init_command": "SET innodb_lock_wait_timeout=1"})
+    try:
+        with ae.engine.begin() as holder:  # another transaction holds the job row
+            holder.execute(
+                select(archive_jobs.c.id)
+                .where(archive_jobs.c.namespace_id == ns, archive_jobs.c.id == job.id)
+                .with_for_update()
+            )
+            from orbit_tasks.archive import runner
+
+            out = runner.run_job(
+                ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=impatient
+            )
+        assert out == "transient"
+        after = ae.job(ns, job.id)
+        assert after.state is JobState.PENDING and after.attempts == 0 and after.error_code == ""
+        assert runner.run_job(
+            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=impatient,
+            publish=lambda *_: None,
+        ) == "succeeded"  # fmt: skip
+    finally:
+        impatient.dispose()
+    assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
+
+
+def test_abandon_of_running_only_after_the_lease_expired(ae: ArchiveEnv) -> None:
+    from orbit_tasks.archive import job_store
+
+    ns, _, _, _ = _setup(ae, "abrun", roots=3)
+    job = create_job(ae, ns, "tasks")
+    assert job_store.claim(ae.engine, ns, job.id, lease_seconds=1) is not None
+    live = ae.orbit("job", "abandon", "abrun", job.id.hex(), check=False)
+    assert live.returncode == 3 and "live lease" in live.stderr
+    time.sleep(1.1)
+    out = cli_json(ae.orbit("job", "abandon", "abrun", job.id.hex(), "--json"))
+    assert out["state"] == "ABANDONED" and out["lease_until"] is None

@@ -81,7 +81,8 @@ def test_budget_boundary() -> None:
     assert not over_budget(bytes_so_far=MiB - 100, size=100, max_bytes=MiB)  # == is fine
     assert over_budget(bytes_so_far=MiB - 100, size=101, max_bytes=MiB)  # +1 fails
     assert not over_budget(0, 0, MiB)
-    assert file_cap(MiB) == MiB
+    assert file_cap(MiB) == MiB // 4
+    assert file_cap(256 * MiB) == MAX_FILE_BYTES == 64 * MiB
     assert file_cap(1024 * MiB) == MAX_FILE_BYTES
 
 
