@@ -356,8 +356,10 @@ def _verify_prefix(directory: Path, job: Job, full: bool) -> _Tail:
             files = [(tail, _read(directory, tail))] if tail in names else []
             report = ff.verify_prefix(files, expect=expect, full=False)
             chain = {tail}
-    except (OSError, ff.FormatError):
+    except (FileNotFoundError, ff.FormatError):
         raise JobFailure(ErrorCode.CHAIN_BROKEN) from None
+    except OSError:
+        raise JobFailure(ErrorCode.IO_ERROR) from None
     if not report.ok:
         log_action(
             log,
@@ -475,8 +477,10 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
     try:
         names = [n for n in _listdir(directory) if ff.parse_name(n) is not None]
         files = {n: _read(directory, n) for n in names}
-    except OSError:
+    except FileNotFoundError:
         raise JobFailure(ErrorCode.CHAIN_BROKEN) from None
+    except OSError:
+        raise JobFailure(ErrorCode.IO_ERROR) from None
     chain = _chain_names(files, job)
     for n in names:
         if n not in chain:
