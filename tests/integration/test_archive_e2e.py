@@ -239,3 +239,45 @@ def _seed_in_next_range(
         if chunk.children:
             conn.execute(insert(hk.children[0].table), chunk.children)
     return ids
+
+
+def test_worker_archive_verifies_volumes_before_starting(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    from orbit_tasks.archive.volume import write_identity
+    from orbit_tasks.ids import new_id
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        good = tmp_path / "good"
+        sid = make_volume(platform_engine, good)
+        cmd = ae.orbit("worker", "archive", "--volume", str(good), "-n", "w1@h",
+                       "--print-command", "--", "--without-mingle")  # fmt: skip
+        out = cli_json(cmd)
+        argv = out["argv"]
+        assert argv[argv.index("-Q") + 1] == f"orbit.archive.{sid.hex()},orbit.control"
+        assert argv[argv.index("--prefetch-multiplier") + 1] == "1"
+        assert argv[argv.index("-O") + 1] == "fair" and argv[-1] == "--without-mingle"
+        assert json.loads(out["env"]["ORBIT_ARCHIVE_VOLUMES"]) == {sid.hex(): str(good.resolve())}
+        no_ctl = cli_json(ae.orbit("worker", "archive", "--volume", str(good), "--no-control",
+                                   "--print-command"))["argv"]  # fmt: skip
+        assert no_ctl[no_ctl.index("-Q") + 1] == f"orbit.archive.{sid.hex()}"
+        missing = ae.orbit("worker", "archive", "--volume", str(tmp_path / "nothing"), check=False)
+        assert missing.returncode == 2 and "not an archive volume" in missing.stderr
+        stranger = tmp_path / "unregistered"
+        write_identity(stranger, new_id(), "x")
+        unknown = ae.orbit("worker", "archive", "--volume", str(stranger), check=False)
+        assert unknown.returncode == 4 and "not registered" in unknown.stderr
+        twice = ae.orbit("worker", "archive", "--volume", str(good), "--volume",
+                         str(tmp_path / "good" / "."), check=False)  # fmt: skip
+        assert twice.returncode == 3
+        ctl = cli_json(ae.orbit("worker", "control", "--print-command"))["argv"]
+        assert ctl[ctl.index("-Q") + 1] == "orbit.control"
+        snd = cli_json(ae.orbit("worker", "sender", "--print-command"))["argv"]
+        assert snd[snd.index("-Q") + 1] == "orbit.sender"
+        beat = cli_json(ae.orbit("beat", "--print-command"))["argv"]
+        assert "beat" in beat and beat[beat.index("-s") + 1].startswith(str(tmp_path / "var"))
+        no_ns = ae.orbit("job", "list", "no-such-ns", check=False)
+        assert no_ns.returncode == 4
+        make_namespace(platform_engine, "cursor-ns")
+        bad_cursor = ae.orbit("job", "list", "cursor-ns", "--after", "garbage!", check=False)
+        assert bad_cursor.returncode == 2 and "--after" in bad_cursor.stderr
