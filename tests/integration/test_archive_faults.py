@@ -489,3 +489,54 @@ def test_abandon_of_running_only_after_the_lease_expired(ae: ArchiveEnv) -> None
     time.sleep(1.1)
     out = cli_json(ae.orbit("job", "abandon", "abrun", job.id.hex(), "--json"))
     assert out["state"] == "ABANDONED" and out["lease_until"] is None
+
+
+def test_database_connections_killed_mid_run(ae: ArchiveEnv) -> None:
+    """The worker's MariaDB connections are killed over and over while it archives: transient
+    faults stop the claim (the lease expires, a later claim continues) and never fail the job."""
+    import threading
+
+    from sqlalchemy import text
+
+    ns, _, vol, _ = _setup(ae, "dbkill", roots=1500, batch=10)
+    ae.worker("w", [vol])
+    db = ae.engine.url.database
+    stop = threading.Event()
+    killed = [0]
+
+    def killer() -> None:
+        with ae.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            own = conn.execute(text("SELECT CONNECTION_ID()")).scalar()
+            while not stop.is_set():
+                ids = (
+                    conn.execute(
+                        text(
+                            "SELECT id FROM information_schema.processlist"
+                            " WHERE db = :db AND id <> :me"
+                        ),
+                        {"db": db, "me": own},
+                    )
+                    .scalars()
+                    .all()
+                )
+                for cid in ids:
+                    try:
+                        conn.execute(text(f"KILL CONNECTION {int(cid)}"))
+                        killed[0] += 1
+                    except Exception:
+                        pass  # already gone
+                time.sleep(0.05)
+
+    job = create_job(ae, ns, "tasks")
+    wait_for(lambda: ae.job(ns, job.id).batches >= 3, 30, "progress")
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    time.sleep(1.5)
+    stop.set()
+    t.join(timeout=10)
+    assert killed[0] > 0
+    done = wait_state(ae, job, DONE, timeout=90)
+    assert done.state is JobState.SUCCEEDED, done
+    assert done.error_code == ""
+    assert_succeeded_exactly(ae, done, vol)
