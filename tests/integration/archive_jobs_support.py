@@ -72,15 +72,22 @@ class ArchiveEnv:
         pool: str = "prefork",
         extra_env: dict[str, str] | None = None,
         wait_ready: bool = True,
+        control: bool = False,
     ) -> Worker:
+        """``orbit worker archive`` on ``volumes`` (``orbit worker control`` when ``volumes`` is
+        empty)."""
         env = dict(self.env)
         if failpoints:
             env["ORBIT_FAILPOINTS"] = failpoints
         env.update(extra_env or {})
-        args = [ORBIT, "worker", "archive", "--no-control", "-c", "1", "--pool", pool]
+        if volumes:
+            args = [ORBIT, "worker", "archive", "-c", "1", "--pool", pool]
+            args += [] if control else ["--no-control"]
+            for v in volumes:
+                args += ["--volume", str(v)]
+        else:
+            args = [ORBIT, "worker", "control", "-c", "1", "--pool", pool]
         args += ["-n", f"{name}-{os.getpid()}@test", "-l", "INFO"]
-        for v in volumes:
-            args += ["--volume", str(v)]
         args += ["--", "--without-mingle", "--without-gossip", "--without-heartbeat"]
         log = self.tmp / f"worker-{name}.log"
         fh = open(log, "wb")  # noqa: SIM115 - closed in Worker.stop

@@ -161,7 +161,8 @@ def test_stale_worker_confirm_is_rejected(ae: ArchiveEnv) -> None:
     past = tick_wait(
         ae, lambda: (j := ae.job(ns, job.id)).batches >= at_stop.batches + 2 and j, 60, "takeover"
     )
-    confirmed = _confirmed(file_snapshot(vol, job), past) if past.state is JobState.RUNNING else {}
+    confirmed = _confirmed(file_snapshot(vol, job), past)
+    assert confirmed
     stale.signal(signal.SIGCONT)
     wait_for(lambda: "archive.job.lease_lost" in stale.text(), 30, "stale confirm rejected")
     done = wait_state(ae, job, DONE, timeout=60)
@@ -186,8 +187,9 @@ def test_redis_flush_only_delays_until_the_next_tick(ae: ArchiveEnv) -> None:
     ae.worker("w", [vol])
     time.sleep(1.0)
     assert ae.job(ns, job.id).state is JobState.PENDING  # nobody was woken
-    ae.tick()  # the sweep publishes again
-    done = wait_state(ae, job, DONE, timeout=60)
+    ae.worker("control", [])  # what beat does every ORBIT_TICK_SECONDS:
+    ae.app.send_task("orbit.archive.tick", queue="orbit.control")  # the sweep publishes again
+    done = wait_state(ae, job, DONE, timeout=60, wake=False)
     assert done.state is JobState.SUCCEEDED
     assert_succeeded_exactly(ae, done, vol)
     r.close()
