@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -528,10 +527,3 @@ def chain_expectation(job: Job, *, complete: bool) -> Any:
         last_sha256=job.last_sha256,
         complete=complete,
     )
-
-
-def jobs_of(conn: Connection, ns_id: bytes, ids: Sequence[bytes]) -> list[Job]:
-    if not ids:
-        return []
-    rows = conn.execute(select(J).where(J.c.namespace_id == ns_id, J.c.id.in_(list(ids)))).all()
-    return [Job.from_row(r) for r in rows]

@@ -34,7 +34,15 @@ from orbit_tasks.archive.jobs import (
     over_budget,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.volume import TMP_PREFIX, job_dir, read_identity
+from orbit_tasks.archive.volume import (
+    TMP_PREFIX,
+    ArchiveIOError,
+    DiskFull,
+    job_dir,
+    read_identity,
+    remove_file_if_unconfirmed,
+    store_job_file,
+)
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
@@ -53,12 +61,6 @@ class _Written:
     is_batch: bool
     roots: int
     final: bool  # nothing follows: finalize after the confirm
-
-
-def _volume_errors() -> tuple[type[BaseException], type[BaseException]]:
-    from orbit_tasks.archive.volume import ArchiveIOError, DiskFull
-
-    return DiskFull, ArchiveIOError
 
 
 def is_transient_db(exc: BaseException) -> bool:
@@ -236,7 +238,6 @@ def _one_claim(
     deadline: float,
 ) -> tuple[str, store.Claim | None]:
     job = c.job
-    disk_full, io_error = _volume_errors()
     try:
         # Step 1: the mounted volume is the job's storage.
         try:
@@ -256,12 +257,12 @@ def _one_claim(
         # Step 4: budget, durable write, then the fenced confirm.
         if over_budget(job.bytes, len(written.data), job.max_bytes):
             raise JobFailure(ErrorCode.BUDGET_EXCEEDED)
-        stored = _write(directory, written.name, written.data)
+        stored = store_job_file(directory, written.name, written.data)
     except ff.SourceInvalid:
         raise JobFailure(ErrorCode.SOURCE_INVALID) from None
-    except disk_full:
+    except DiskFull:
         raise JobFailure(ErrorCode.DISK_FULL) from None
-    except io_error:
+    except ArchiveIOError:
         raise JobFailure(ErrorCode.IO_ERROR) from None
     log_action(
         log,
@@ -439,12 +440,6 @@ def _next_file(conn: Any, job: Job, rng: ArchiveRange, cursor: Any) -> _Written 
     return _Written(name, data, True, len(records), final)
 
 
-def _write(directory: Path, name: str, data: bytes) -> Any:
-    from orbit_tasks.archive.volume import store_job_file
-
-    return store_job_file(directory, name, data)
-
-
 def _remove_unless_confirmed(
     engine: Engine, c: store.Claim, directory: Path, name: str, stored: Any
 ) -> None:
@@ -452,8 +447,6 @@ def _remove_unless_confirmed(
 
     Only a file this claim created is removed, and only its own inode (the new owner may have
     re-written the same name meanwhile)."""
-    from orbit_tasks.archive.volume import remove_file_if_unconfirmed
-
     if not stored.created:
         return  # the name existed already with identical bytes: not ours to remove
     try:
