@@ -166,3 +166,17 @@ def test_failpoints_inert_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
     failpoints.hit("archive.after_file_write")  # returns immediately
     monkeypatch.setenv(failpoints.ENV, "archive.other=exit")
     failpoints.hit("archive.after_file_write")  # not this point: returns
+
+
+def test_parse_volumes_env() -> None:
+    from pathlib import Path
+
+    from orbit_tasks.archive.runner import parse_volumes
+
+    hex_id = "0123456789abcdef0123456789ABCDEF"
+    assert parse_volumes(None) == {}
+    assert parse_volumes("") == {}
+    assert parse_volumes(f'{{"{hex_id}": "/mnt/a"}}') == {hex_id.lower(): Path("/mnt/a")}
+    for bad in ("[1]", "not json", '{"xyz": "/mnt/a"}'):
+        with pytest.raises(InvalidInput):
+            parse_volumes(bad)
