@@ -256,6 +256,13 @@ def test_budget_exceeded_then_retry_with_a_higher_budget(ae: ArchiveEnv) -> None
     assert failed.state is JobState.FAILED and failed.error_code == "BUDGET_EXCEEDED"
     assert 0 < failed.bytes <= 2 * MiB
     prefix = file_snapshot(ae.tmp / "vol-budget", failed)
+    shown = cli_json(ae.orbit("job", "show", "budget", job.id.hex(), "--json"))
+    assert shown["state"] == "FAILED" and shown["error_code"] == "BUDGET_EXCEEDED"
+    assert shown["revision"] == failed.revision and shown["range"]["until"].endswith("Z")
+    watch = ae.orbit("job", "watch", "budget", job.id.hex(), check=False)
+    assert watch.returncode == 1 and "BUDGET_EXCEEDED" in watch.stdout
+    partial = ae.orbit("job", "verify", "budget", job.id.hex(), "--volume", str(vol), "--json")
+    assert cli_json(partial)["ok"] is True  # the confirmed prefix of a FAILED job verifies
     assert len(prefix) == failed.batches + 1  # the file over budget is not kept
     lower = ae.orbit("job", "retry", "budget", job.id.hex(), "--max-bytes", "1536KiB", check=False)
     assert lower.returncode == 2 and "lower than the job's max_bytes" in lower.stderr
