@@ -281,3 +281,32 @@ def test_worker_archive_verifies_volumes_before_starting(
         make_namespace(platform_engine, "cursor-ns")
         bad_cursor = ae.orbit("job", "list", "cursor-ns", "--after", "garbage!", check=False)
         assert bad_cursor.returncode == 2 and "--after" in bad_cursor.stderr
+
+
+def test_other_hot_job_queries_use_their_indexes(platform_engine: Engine) -> None:
+    from datetime import datetime
+
+    from sqlalchemy import and_, or_, select
+
+    from orbit_tasks.db.history_tables import task_attempts
+    from orbit_tasks.db.platform_tables import archive_jobs as J
+
+    ns, t = b"\x02" * 16, datetime(2026, 1, 1)
+    listing = (
+        select(J)
+        .where(
+            J.c.namespace_id == ns, or_(J.c.created_at > t, and_(J.c.created_at == t, J.c.id > ns))
+        )
+        .order_by(J.c.created_at, J.c.id)
+        .limit(51)
+    )
+    children = (
+        select(task_attempts)
+        .where(task_attempts.c.namespace_id == ns, task_attempts.c.task_id.in_([ns, b"\x03" * 16]))
+        .order_by(*task_attempts.primary_key.columns)
+    )
+    with platform_engine.connect() as conn:
+        for q, index in ((listing, "ix_archive_job_list"), (children, "PRIMARY")):
+            sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
+            rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
+            assert rows[0]["key"] == index, (sql, rows)
