@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import Column, Index, PrimaryKeyConstraint, Table, UniqueConstraint, text
 
 from orbit_tasks.db.platform_tables import MYSQL_TABLE, metadata
-from orbit_tasks.db.types import DateTime6, Hex64, Id16, JsonText, Str, UInt, utc_now_default
+from orbit_tasks.db.types import Ascii, DateTime6, Hex64, Id16, JsonText, Str, UInt, utc_now_default
 
 
 def _created() -> Column:
@@ -24,7 +24,8 @@ tasks = Table(
     Column("id", Id16(), nullable=False),
     Column("queue_id", Id16(), nullable=False),
     Column("state", Str(16), nullable=False),
-    Column("idempotency_key", Str(128), nullable=True),
+    # ascii_bin like the sender's key column: compared byte-exact, no PAD SPACE equality.
+    Column("idempotency_key", Ascii(128), nullable=True),
     Column("request_json", JsonText(), nullable=False, comment="submitted body, byte-exact"),
     Column("result_json", JsonText(), nullable=True),
     Column("error_code", Str(32), nullable=False, server_default=text("''")),
@@ -189,7 +190,7 @@ idempotency_records = Table(
     metadata,
     Column("namespace_id", Id16(), nullable=False),
     Column("id", Id16(), nullable=False),
-    Column("idempotency_key", Str(128), nullable=False),
+    Column("idempotency_key", Ascii(128), nullable=False),
     Column("request_sha256", Hex64(), nullable=False),
     Column("task_id", Id16(), nullable=False),
     Column("receipt_json", JsonText(), nullable=False, comment="the original receipt, byte-exact"),
