@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 
 from orbit_tasks import failpoints
 from orbit_tasks.archive import fileformat as ff
@@ -43,6 +42,7 @@ from orbit_tasks.archive.volume import (
     remove_file_if_unconfirmed,
     store_job_file,
 )
+from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
@@ -61,12 +61,6 @@ class _Written:
     is_batch: bool
     roots: int
     final: bool  # nothing follows: finalize after the confirm
-
-
-def is_transient_db(exc: BaseException) -> bool:
-    if isinstance(exc, OperationalError | DisconnectionError):
-        return True  # unreachable, connection lost, deadlock (1213), lock wait timeout (1205)
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def parse_volumes(raw: str | None) -> dict[str, Path]:
@@ -142,15 +136,10 @@ def run_job(
                 namespace_id=ns_hex,
                 job_id=job_hex,
                 error=type(exc).__name__,
-                code=_driver_code(exc),
+                code=driver_code(exc),
             )
             return "transient"
         raise
-
-
-def _driver_code(exc: BaseException) -> Any:
-    args = getattr(getattr(exc, "orig", None), "args", None)
-    return args[0] if args else None
 
 
 def _loop(

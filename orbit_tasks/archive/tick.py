@@ -16,11 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 
 from orbit_tasks.archive import plan_store, schedule
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import TransientError
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import list_storages
@@ -53,18 +53,6 @@ class TickReport:
         return out
 
 
-def _driver_code(exc: BaseException) -> Any:
-    orig = getattr(exc, "orig", None)
-    args = getattr(orig, "args", None)
-    return args[0] if args else None
-
-
-def _is_transient_db(exc: BaseException) -> bool:
-    if isinstance(exc, OperationalError | DisconnectionError):
-        return True  # unreachable, connection lost, deadlock (1213), lock wait timeout (1205)
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
-
-
 def run_tick(engine: Engine, settings: Settings, publish: Publisher = publish_wakeup) -> TickReport:
     """One tick. Transient database or broker faults are logged and raised as TransientError
     (nothing is half-done: committed jobs are found again by the next tick's sweep)."""
@@ -93,14 +81,14 @@ def run_tick(engine: Engine, settings: Settings, publish: Publisher = publish_wa
                 jobs_created=len(report.jobs_created),
             )
             raise TransientError("broker unavailable; the next tick publishes again") from None
-        if _is_transient_db(exc):
+        if is_transient_db(exc):
             log_action(
                 log,
                 "archive.tick.failed",
                 logging.WARNING,
                 stage=stage,
                 error=type(exc).__name__,
-                code=_driver_code(exc),
+                code=driver_code(exc),
                 jobs_created=len(report.jobs_created),
             )
             raise TransientError("database unavailable or busy; the next tick retries") from None
