@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from orbit_tasks import failpoints
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive import job_store as store
+from orbit_tasks.archive import source
 from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
@@ -390,7 +391,7 @@ def _next_file(conn: Any, job: Job, rng: ArchiveRange, cursor: Any) -> _Written 
     """Step 3: the manifest, or the next batch; None when nothing follows the confirmed tail."""
     hk = history_kind(job.kind)
     if not job.has_manifest:
-        total = store.count_roots(conn, job.kind, job.namespace_id, rng)
+        total = source.count_roots(conn, job.kind, job.namespace_id, rng)
         data = ff.build_manifest(
             namespace_id=job.namespace_id,
             job_id=job.id,
@@ -406,7 +407,7 @@ def _next_file(conn: Any, job: Job, rng: ArchiveRange, cursor: Any) -> _Written 
             created_at=job.created_at,
         )
         return _Written(ff.manifest_name(ff.sha256_hex(data)), data, False, 0, total == 0)
-    page = store.read_roots_after(conn, job.kind, job.namespace_id, rng, cursor, job.batch_size)
+    page = source.read_roots_after(conn, job.kind, job.namespace_id, rng, cursor, job.batch_size)
     if not page.records:
         return None
     records, final = list(page.records), not page.has_more

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from orbit_tasks.archive import job_store as store
+from orbit_tasks.archive import source
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
 from orbit_tasks.archive.volume import job_dir, read_identity
 from orbit_tasks.cli.common import SIZE, emit, emit_table, json_option
@@ -120,7 +121,7 @@ def job_watch(ns: str, job: str, interval: float, timeout: float | None) -> None
     with platform_engine().connect() as conn:
         try:
             rng = store.job_range(conn, j)
-            total: int | None = store.count_roots(conn, j.kind, ns_id, rng)
+            total: int | None = source.count_roots(conn, j.kind, ns_id, rng)
         except JobFailure:
             total = None
     started = time.monotonic()

@@ -19,7 +19,7 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, select, update
 
-from orbit_tasks.archive import job_store, plan_store
+from orbit_tasks.archive import job_store, plan_store, source
 from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.verify import export_roots, verify_job_dir
@@ -325,7 +325,7 @@ def assert_succeeded_exactly(ae: ArchiveEnv, job: Job, volume: Path) -> list[byt
     exported = [bytes.fromhex(obj["root"]["id"]) for obj in export_roots(d, expectation(ae, job))]
     with ae.engine.connect() as conn:
         rng = job_store.job_range(conn, job)
-        expected = job_store.root_keys_in_range(conn, job.kind, job.namespace_id, rng)
+        expected = source.root_keys_in_range(conn, job.kind, job.namespace_id, rng)
     assert exported == expected
     assert job.roots == len(expected)
     names = sorted(os.listdir(d))

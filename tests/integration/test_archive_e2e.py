@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from orbit_tasks.archive import job_store, runner
+from orbit_tasks.archive import job_store, runner, source
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.platform.history import HISTORY_KINDS
@@ -50,7 +50,7 @@ def test_batch_keyset_query_uses_the_settled_index(platform_engine: Engine) -> N
     assert set(SETTLED_INDEX) == set(HISTORY_KINDS)
     with platform_engine.connect() as conn:
         for kind, index in SETTLED_INDEX.items():
-            q = job_store.roots_query(kind, b"\x02" * 16, rng, cursor, 101)
+            q = source.roots_query(kind, b"\x02" * 16, rng, cursor, 101)
             sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
             assert " OR " in sql and "(" in sql  # expanded keyset form, no row constructor
             rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
