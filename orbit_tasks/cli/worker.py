@@ -155,9 +155,10 @@ def worker_archive(
     _exec(argv, env, print_command)
 
 
-@worker_group.command("control", epilog=_EPILOG)
-@common_options
-def worker_control(
+def _single_queue_worker(
+    queue: str,
+    kind: str,
+    *,
     concurrency: int,
     name: str | None,
     pool: str,
@@ -165,32 +166,25 @@ def worker_control(
     print_command: bool,
     celery_args: tuple[str, ...],
 ) -> None:
-    """Consume orbit.control only (ticks)."""
+    """A worker that consumes exactly one queue and mounts no volume."""
     env = dict(os.environ)
     env.pop(VOLUMES_ENV, None)
-    argv = _worker_argv(
-        [CONTROL_QUEUE], concurrency, _node(name, "control"), pool, loglevel, celery_args
-    )
+    argv = _worker_argv([queue], concurrency, _node(name, kind), pool, loglevel, celery_args)
     _exec(argv, env, print_command)
+
+
+@worker_group.command("control", epilog=_EPILOG)
+@common_options
+def worker_control(**opts: Any) -> None:
+    """Consume orbit.control only (ticks)."""
+    _single_queue_worker(CONTROL_QUEUE, "control", **opts)
 
 
 @worker_group.command("sender", epilog=_EPILOG)
 @common_options
-def worker_sender(
-    concurrency: int,
-    name: str | None,
-    pool: str,
-    loglevel: str,
-    print_command: bool,
-    celery_args: tuple[str, ...],
-) -> None:
+def worker_sender(**opts: Any) -> None:
     """Consume orbit.sender only (outbox relay)."""
-    env = dict(os.environ)
-    env.pop(VOLUMES_ENV, None)
-    argv = _worker_argv(
-        [SENDER_QUEUE], concurrency, _node(name, "sender"), pool, loglevel, celery_args
-    )
-    _exec(argv, env, print_command)
+    _single_queue_worker(SENDER_QUEUE, "sender", **opts)
 
 
 @click.command("beat")
