@@ -133,8 +133,6 @@ def confirm(
             roots=J.c.roots + roots,
             bytes=J.c.bytes + size,
             last_sha256=sha256,
-            revision=J.c.revision + 1,
-            updated_at=now,
         )
         new_lease: bytes | None = None
         if after == "chain":
@@ -146,60 +144,44 @@ def confirm(
             )
         elif after == "release":
             values.update(state=JobState.PENDING.value, lease_id=None, lease_until=None)
-        result = conn.execute(
-            update(J)
-            .where(
-                *_fence(c),
-                J.c.batches == c.job.batches,
-                J.c.last_sha256 == c.job.last_sha256,
-            )
-            .values(**values)
-        )
-        if result.rowcount != 1:
-            raise LeaseLost(f"job {c.job.id.hex()}: confirm rejected, lease lost")
+        _fenced_update(conn, c, now, "confirm", on_chain=True, **values)
         job = require_job(conn, c.job.namespace_id, c.job.id)
     if new_lease is not None:
         return Claim(job, new_lease, False, now)
     return Claim(job, c.lease_id, False, now) if after == "keep" else None
 
 
+def _fenced_update(
+    conn: Connection, c: Claim, now: datetime, what: str, *, on_chain: bool, **values: Any
+) -> None:
+    """One write of claim ``c``: ``WHERE lease_id = :mine AND state = 'RUNNING'`` (and, with
+    ``on_chain``, the confirmed ``batches``/``last_sha256`` it builds on); bumps the revision."""
+    cond = list(_fence(c))
+    if on_chain:
+        cond += [J.c.batches == c.job.batches, J.c.last_sha256 == c.job.last_sha256]
+    result = conn.execute(
+        update(J).where(*cond).values(**values, revision=J.c.revision + 1, updated_at=now)
+    )
+    if result.rowcount != 1:
+        raise LeaseLost(f"job {c.job.id.hex()}: {what} rejected, lease lost")
+
+
 def release(engine: Engine, c: Claim) -> None:
     """Give the job back to PENDING (lease cleared) without confirming anything."""
     with engine.begin() as conn:
-        now = db_now(conn)
-        result = conn.execute(
-            update(J)
-            .where(*_fence(c))
-            .values(
-                state=JobState.PENDING.value,
-                lease_id=None,
-                lease_until=None,
-                revision=J.c.revision + 1,
-                updated_at=now,
-            )
-        )
-        if result.rowcount != 1:
-            raise LeaseLost(f"job {c.job.id.hex()}: release rejected, lease lost")
+        _fenced_update(
+            conn, c, db_now(conn), "release", on_chain=False,
+            state=JobState.PENDING.value, lease_id=None, lease_until=None,
+        )  # fmt: skip
 
 
 def fail(engine: Engine, c: Claim, code: ErrorCode) -> None:
     """FAILED with ``code`` (lease cleared), fenced. The plan keeps ``active_job_id``."""
     with engine.begin() as conn:
-        now = db_now(conn)
-        result = conn.execute(
-            update(J)
-            .where(*_fence(c))
-            .values(
-                state=JobState.FAILED.value,
-                error_code=code.value,
-                lease_id=None,
-                lease_until=None,
-                revision=J.c.revision + 1,
-                updated_at=now,
-            )
-        )
-        if result.rowcount != 1:
-            raise LeaseLost(f"job {c.job.id.hex()}: fail rejected, lease lost")
+        _fenced_update(
+            conn, c, db_now(conn), "fail", on_chain=False,
+            state=JobState.FAILED.value, error_code=code.value, lease_id=None, lease_until=None,
+        )  # fmt: skip
 
 
 def _clear_plan(conn: Connection, job: Job) -> None:
@@ -218,24 +200,10 @@ def finalize(engine: Engine, c: Claim) -> None:
     """SUCCEEDED with the lease cleared and the plan's ``active_job_id`` cleared (if it still
     points at this job), in one transaction, fenced by the claim and the confirmed chain."""
     with engine.begin() as conn:
-        now = db_now(conn)
-        result = conn.execute(
-            update(J)
-            .where(
-                *_fence(c),
-                J.c.batches == c.job.batches,
-                J.c.last_sha256 == c.job.last_sha256,
-            )
-            .values(
-                state=JobState.SUCCEEDED.value,
-                lease_id=None,
-                lease_until=None,
-                revision=J.c.revision + 1,
-                updated_at=now,
-            )
-        )
-        if result.rowcount != 1:
-            raise LeaseLost(f"job {c.job.id.hex()}: finalize rejected, lease lost")
+        _fenced_update(
+            conn, c, db_now(conn), "finalize", on_chain=True,
+            state=JobState.SUCCEEDED.value, lease_id=None, lease_until=None,
+        )  # fmt: skip
         _clear_plan(conn, c.job)
 
 
