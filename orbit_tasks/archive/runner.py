@@ -465,9 +465,6 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
     except OSError:
         raise JobFailure(ErrorCode.IO_ERROR) from None
     chain = _chain_names(files, job)
-    for n in names:
-        if n not in chain:
-            _unlink(directory, n)  # stray leftovers of dead claims, never a confirmed file
     report = ff.verify_chain(
         [(n, d) for n, d in files.items() if n in chain],
         expect=store.chain_expectation(job, complete=False),
@@ -481,6 +478,11 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
             file=report.first_bad_file,
         )
         raise JobFailure(ErrorCode.CHAIN_BROKEN)
+    # Only a verified chain tells confirmed files from strays: a walk that stopped at a corrupt
+    # file would take the confirmed files before it for leftovers.
+    for n in names:
+        if n not in chain:
+            _unlink(directory, n)  # stray leftovers of dead claims, never a confirmed file
     manifest = ff.decode_manifest(files[ff.tail_name(0, _manifest_sha(files, chain))])
     if job.roots != manifest["roots_total"] or (job.batches > 0 and not report.final):
         raise JobFailure(ErrorCode.SOURCE_CHANGED)

@@ -549,3 +549,43 @@ def test_database_connections_killed_mid_run(ae: ArchiveEnv) -> None:
     assert done.state is JobState.SUCCEEDED, done
     assert done.error_code == ""
     assert_succeeded_exactly(ae, done, vol)
+
+
+# --- review: stale claims and broken chains never delete confirmed files -----------------------
+
+
+def test_finish_on_a_broken_chain_keeps_every_confirmed_file(ae: ArchiveEnv) -> None:
+    """The final step re-verifies the chain; a corrupt middle batch is CHAIN_BROKEN, and the
+    confirmed files before it are not taken for strays and deleted."""
+    from orbit_tasks.db.history_tables import tasks
+
+    ns, _, vol, sid = _setup(ae, "brokenfinish", roots=10, batch=5)
+    job = create_job(ae, ns, "tasks")
+    assert _run(ae, job, vol, sid, archive_slice_seconds=0) == "released"  # manifest
+    assert _run(ae, job, vol, sid, archive_slice_seconds=0) == "released"  # batch 1
+    with ae.engine.begin() as conn:  # the last settled root vanishes: batch 2 is short
+        last = conn.execute(
+            select(tasks.c.id, tasks.c.finished_at)
+            .where(tasks.c.namespace_id == ns, tasks.c.finished_at.is_not(None))
+            .order_by(tasks.c.finished_at.desc(), tasks.c.id.desc())
+        ).first()
+        assert last is not None
+        conn.execute(tasks.update().where(tasks.c.id == last.id).values(finished_at=None))
+    assert _run(ae, job, vol, sid) == "failed"
+    failed = ae.job(ns, job.id)
+    assert failed.error_code == "SOURCE_CHANGED" and failed.batches == 2
+    confirmed = _confirmed(file_snapshot(vol, failed), failed)
+    assert len(confirmed) == 3
+    d = job_dir(vol, ns, job.id)
+    batch1 = next(p for p in d.iterdir() if (n := parse_name(p.name)) and n.seq == 1)
+    batch1.write_bytes(b"not gzip at all")  # bit rot in the middle of the chain
+    with ae.engine.begin() as conn:
+        conn.execute(
+            tasks.update().where(tasks.c.id == last.id).values(finished_at=last.finished_at)
+        )
+    ae.orbit("job", "retry", "brokenfinish", job.id.hex())
+    assert _run(ae, job, vol, sid) == "failed"  # claim from PENDING: tail ok and final -> finish
+    assert ae.job(ns, job.id).error_code == "CHAIN_BROKEN"
+    now = file_snapshot(vol, failed)
+    for name in confirmed:
+        assert name in now, f"confirmed file {name} was deleted"
