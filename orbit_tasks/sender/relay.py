@@ -291,6 +291,21 @@ class Relay:
                 in_budget = time.monotonic() - started < budget_seconds
                 room = min(2 * self.concurrency - len(inflight), max_claims - stats.claimed)
                 if not drained and in_budget and room >= min(batch, max_claims - stats.claimed) > 0:
+                    # The identity as it is now (cached <= 60 s, dropped after a 401/403): a
+                    # credential lost mid-pass stops the claiming; otherwise every release
+                    # (identity unavailable) would be claimed again at once, one send each time.
+                    try:
+                        identity = self.client.identity()
+                    except IdentityUnavailable as exc:
+                        stats.identity_error = True
+                        drained = True
+                        log_action(
+                            logger,
+                            "sender.identity.unavailable",
+                            logging.WARNING,
+                            reason=str(exc),
+                        )
+                        continue
                     owned, seen, guarded = self.claim_batch(identity, room)
                     stats.guarded += guarded
                     stats.claimed += len(owned)

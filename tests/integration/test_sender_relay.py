@@ -287,3 +287,31 @@ def test_relay_on_the_embedded_sqlite_business_database(world: World, tmp_path: 
         relay.client.close()
         assert check_invariants(engine, world.platform) == {"ACCEPTED": 9, "REVIEW": 1}
         assert rows(engine)[ops[0]][0].last_code == "DIGEST_MISMATCH"
+
+
+def test_lost_identity_mid_pass_stops_claiming(world: World, business: tuple[str, Engine]) -> None:
+    """A 401 in the middle of a pass (token revoked) drops the cached identity; the next refresh
+    fails. The pass must stop claiming then, not claim-release the same rows again and again
+    (each claim is one of the row's 100 sends)."""
+    _, engine = business
+    revoked = {"now": False}
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if revoked["now"]:
+            return Fault("status", 401, body=b'{"error":"unauthenticated","message":"x"}')
+        return PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token, concurrency=1)
+        relay.client.identity()  # cached, as in a long-running worker
+        ops = enqueue_many(engine, world.ns, world.queues[:1], 4)
+        revoked["now"] = True
+        stats = relay.run_pass(budget_seconds=3.0)
+        relay.client.close()
+    table = rows(engine)
+    assert stats.identity_error
+    assert stats.claimed <= 3, stats
+    for op in ops:
+        r = table[op][0]
+        assert r.state == "PENDING" and r.send_count <= 1, (r.state, r.send_count, r.last_code)
+    assert len(proxy.posts()) == 1  # only the row sent before the 401 was seen
