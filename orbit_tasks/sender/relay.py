@@ -59,7 +59,7 @@ class PassStats:
 @dataclass(frozen=True)
 class Owned:
     row: store.Claimed
-    mono: float  # time.monotonic() at the claim
+    mono: float  # time.monotonic() just before the claim's database clock was read
 
 
 def _with_db_retry(engine: Engine, fn: Callable[[Connection], T], attempts: int = 3) -> T:
@@ -122,6 +122,9 @@ class Relay:
         order = queues[start:] + queues[:start]
 
         def run(conn: Connection) -> tuple[list[Owned], int, int]:
+            # Taken before the clock is read: the time since ``mono`` is never less than the
+            # time since ``now`` (the deadline/lease checks before the POST rely on it).
+            mono = time.monotonic()
             now = self.clock(conn)
             claims: list[tuple[store.Candidate, int]] = []
             seen = guarded = 0
@@ -147,11 +150,9 @@ class Relay:
                     elif store.claim(conn, cand, now, self.lease_seconds):
                         claims.append((cand, cand.lease_epoch + 1))
             rows = store.load_claimed(conn, claims, now, self.lease_seconds) if claims else []
-            return [Owned(r, 0.0) for r in rows], seen, guarded
+            return [Owned(r, mono) for r in rows], seen, guarded
 
-        owned, seen, guarded = _with_db_retry(self.engine, run)
-        mono = time.monotonic()
-        return [Owned(o.row, mono) for o in owned], seen, guarded
+        return _with_db_retry(self.engine, run)
 
     # --- one row -------------------------------------------------------------------------------
 

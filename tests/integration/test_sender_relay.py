@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,30 @@ def test_lost_identity_mid_pass_stops_claiming(world: World, business: tuple[str
         r = table[op][0]
         assert r.state == "PENDING" and r.send_count <= 1, (r.state, r.send_count, r.last_code)
     assert len(proxy.posts()) == 1  # only the row sent before the 401 was seen
+
+
+def test_claim_just_before_the_deadline_is_not_sent_after_it(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    """The deadline check before the POST measures the time since the database clock was read for
+    the claim, not since the claim transaction returned: a slow claim transaction (lock waits,
+    commit latency; simulated by a clock read followed by a pause) must not let a row claimed just
+    before its deadline be sent after it."""
+    _, engine = business
+    (op,) = enqueue_many(engine, world.ns, world.queues[:1], 1)
+
+    def slow_clock(conn: object) -> dt.datetime:
+        now = db_now(conn)  # type: ignore[arg-type]
+        time.sleep(0.6)  # the rest of the transaction takes this long
+        return now
+
+    relay = make_relay(engine, world.api.base_url, world.token, clock=slow_clock)
+    identity = relay.client.identity()
+    deadline = _age(engine, [op], 0.3)
+    owned, _, _ = relay.claim_batch(identity, 10)
+    assert [o.row.claimed_at < deadline for o in owned] == [True]  # claimed before it
+    assert relay.process(owned[0]) == "review"
+    r = rows(engine)[op][0]
+    assert (r.state, r.last_code) == ("REVIEW", "DEADLINE_EXCEEDED")
+    assert platform_task_count(world.platform, ["op-" + op]) == {}
+    relay.client.close()
