@@ -189,8 +189,8 @@ def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(int(value))
+    if value.isascii() and value.isdigit():
+        return float(value)  # never raises: a huge value is inf (past any deadline)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
@@ -267,9 +267,13 @@ def next_wake(
 ) -> dt.datetime | None:
     """When to try again: full jitter in ``[0, backoff_cap]``, not before ``Retry-After``, always
     strictly before the deadline. ``None`` = no try fits (REVIEW ``DEADLINE_EXCEEDED``)."""
-    earliest = now + dt.timedelta(seconds=max(0.0, retry_after or 0.0))
     last_slot = deadline - LAST_TRY_MARGIN
-    if deadline_passed(now, deadline) or earliest > last_slot:
+    wait = max(0.0, retry_after or 0.0)
+    # Compared as seconds first: a huge Retry-After is past the deadline, not an overflow.
+    if deadline_passed(now, deadline) or wait > (last_slot - now).total_seconds():
+        return None
+    earliest = now + dt.timedelta(seconds=wait)
+    if earliest > last_slot:
         return None
     delay = rng.uniform(0.0, backoff_cap(send_count))
     wake = max(now + dt.timedelta(seconds=delay), earliest)

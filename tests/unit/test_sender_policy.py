@@ -150,6 +150,25 @@ def test_parse_retry_after_seconds_and_dates() -> None:
     assert policy.parse_retry_after("1.5", NOW) is None
 
 
+def test_parse_retry_after_never_raises_on_odd_values() -> None:
+    """A header is the server's text: non-ASCII digits and absurd lengths are not exceptions."""
+    assert policy.parse_retry_after("\u00b2", NOW) is None  # str.isdigit() is True for it
+    assert policy.parse_retry_after("\u0661\u0662", NOW) is None  # Arabic-Indic digits
+    huge = policy.parse_retry_after("9" * 5000, NOW)  # over int()'s 4300-digit limit
+    assert huge is not None and huge > 1e9
+
+
+@pytest.mark.parametrize("header", ["99999999999999", "9" * 400, "9" * 5000])
+def test_retry_after_beyond_any_datetime_is_deadline_exceeded(header: str) -> None:
+    """A Retry-After far past the deadline (even past datetime's range) -> REVIEW at once."""
+    seconds = policy.parse_retry_after(header, NOW)
+    assert policy.next_wake(NOW, DEADLINE, 1, Fixed(0.0), seconds) is None
+    assert policy.after_retryable(NOW, DEADLINE, 1, Fixed(0.0), seconds) == (
+        None,
+        policy.DEADLINE_EXCEEDED,
+    )
+
+
 # --- backoff ------------------------------------------------------------------------------------
 
 
