@@ -24,6 +24,8 @@ from orbit_tasks.sender import policy, store
 
 MAX_REQUEST_BYTES = 1024 * 1024  # the platform's limit (413 above it)
 MAX_SOURCE_REF_CHARS = 512
+# MariaDB's JSON_VALID (ck_sender_document) refuses documents nested deeper than this.
+MAX_DEPTH = 31
 CREDENTIAL_KEYS = frozenset({"authorization", "password", "secret", "token", "api_key"})
 _USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/?#\s]*@")
 
@@ -79,11 +81,41 @@ def _parse_text(text: str) -> Any:
         )
     except InvalidRequest:
         raise
+    except RecursionError:
+        raise InvalidRequest(_too_deep()) from None
     except ValueError as exc:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
         raise InvalidRequest(
             f"request is not valid JSON ({msg}); a JSON object is required"
         ) from None
+
+
+def _too_deep() -> str:
+    return f"request is nested too deeply; the limit is {MAX_DEPTH} levels of objects/arrays"
+
+
+def _check_storable(doc: Any) -> None:
+    """What the parser accepts but JSON_VALID (the CHECK of the seed) refuses: nesting deeper than
+    :data:`MAX_DEPTH`, and strings with lone surrogates (escaped ``\\ud800``; not UTF-8 either)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise InvalidRequest(_too_deep())
+            items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+            for key, item in items:
+                if key is not None:
+                    stack.append((key, depth))
+                stack.append((item, depth + 1))
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRequest(
+                    "request has a string with a lone surrogate (an unpaired \\ud800-\\udfff "
+                    "escape); it is not valid UTF-8 nor storable JSON"
+                ) from None
 
 
 def _encode(value: Any, path: str) -> str:
@@ -130,7 +162,10 @@ def freeze_request(request: str | dict[str, Any]) -> str:
     if isinstance(request, str):
         text = request
     elif isinstance(request, dict):
-        text = _encode(request, "$")
+        try:
+            text = _encode(request, "$")
+        except RecursionError:
+            raise InvalidRequest(_too_deep()) from None
     else:
         raise InvalidRequest(
             f"request has type {type(request).__name__}; pass a dict or the JSON object as str"
@@ -148,6 +183,7 @@ def freeze_request(request: str | dict[str, Any]) -> str:
         raise InvalidRequest(
             f"request is a JSON {type(doc).__name__}, not an object; a JSON object is required"
         )
+    _check_storable(doc)
     for key in doc:
         if key.lower().replace("-", "_") in CREDENTIAL_KEYS:
             raise InvalidRequest(

@@ -155,6 +155,30 @@ def test_refused_input_writes_nothing_and_keeps_the_transaction_usable(
     assert _count(business_engine) == (1, 1)
 
 
+def test_json_that_mariadb_cannot_store_is_refused_before_the_insert(
+    business_engine: Engine,
+) -> None:
+    """Python's parser accepts what ck_sender_document (JSON_VALID) refuses: more than 31 levels
+    of nesting, escaped lone surrogates. enqueue() must refuse them as bad input, not fail with a
+    CHECK violation from the driver (whose text holds the body)."""
+    deep = '{"a":' + "[" * 31 + "]" * 31 + "}"
+    with business_engine.begin() as conn:
+        for bad in (deep, '{"a":"\\ud800"}'):
+            with pytest.raises(InvalidRequest):
+                enqueue(
+                    conn,
+                    namespace_id=NS,
+                    queue_id=Q,
+                    operation_id=new_op(),
+                    request=bad,
+                    source_ref="r",
+                )
+        enqueue(
+            conn, namespace_id=NS, queue_id=Q, operation_id=new_op(), request="{}", source_ref="r"
+        )
+    assert _count(business_engine) == (1, 1)
+
+
 def test_concurrent_enqueue_of_one_operation_yields_one_row(business_engine: Engine) -> None:
     op = new_op()
     args = dict(namespace_id=NS, queue_id=Q, operation_id=op, request='{"x": 1}', source_ref="r")

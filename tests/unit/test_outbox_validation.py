@@ -10,6 +10,7 @@ import pytest
 
 from orbit_tasks.errors import ConflictError, InvalidInput
 from orbit_tasks.sender import InvalidRequest, OutboxConflict, enqueue, freeze_request
+from orbit_tasks.sender import outbox as freeze
 from orbit_tasks.sender.outbox import check_source_ref
 
 
@@ -162,3 +163,35 @@ def test_wrong_connection_type_is_refused() -> None:
             request={"x": 1},
             source_ref="r",
         )
+
+
+def _nested(depth: int) -> str:
+    """A JSON object whose deepest container is ``depth`` levels down (the object counts)."""
+    return '{"a":' + "[" * (depth - 1) + "1" + "]" * (depth - 1) + "}"
+
+
+def test_nesting_up_to_the_portable_limit_is_kept() -> None:
+    text = _nested(freeze.MAX_DEPTH)
+    assert freeze_request(text) == text
+
+
+@pytest.mark.parametrize("depth", [32, 100, 100_000])
+def test_deeper_nesting_is_refused_with_the_limit(depth: int) -> None:
+    """MariaDB's JSON_VALID (ck_sender_document) refuses more than 31 levels; Python's parser
+    recurses (RecursionError) long before 1 MiB of brackets. Both are a clear InvalidRequest."""
+    with pytest.raises(InvalidRequest, match="nested .* the limit is 31"):
+        freeze_request(_nested(depth))
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a":"\\ud800"}', '{"a":"x\\udc00\\ud83d"}', '{"\\udfff":1}', '{"a":["\\ud800"]}']
+)
+def test_escaped_lone_surrogates_are_refused(text: str) -> None:
+    """Valid for Python's parser, not valid JSON text for MariaDB's JSON_VALID nor UTF-8."""
+    with pytest.raises(InvalidRequest, match="lone surrogate"):
+        freeze_request(text)
+
+
+def test_escaped_surrogate_pairs_are_kept() -> None:
+    text = '{"a":"\\ud83d\\ude00"}'
+    assert freeze_request(text) == text
