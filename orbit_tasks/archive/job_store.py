@@ -166,6 +166,26 @@ def _fenced_update(
         raise LeaseLost(f"job {c.job.id.hex()}: {what} rejected, lease lost")
 
 
+def check_lease(engine: Engine, c: Claim) -> None:
+    """Raise :class:`LeaseLost` unless claim ``c`` still holds a live lease on the prefix it
+    builds on (``lease_id``, RUNNING, ``batches``/``last_sha256``, ``lease_until > now``).
+
+    Called right before files are removed: a claim whose lease expired while it was paused must
+    not take the new owner's confirmed files for leftovers."""
+    with engine.connect() as conn:
+        now = db_now(conn)
+        row = conn.execute(
+            select(J.c.id).where(
+                *_fence(c),
+                J.c.batches == c.job.batches,
+                J.c.last_sha256 == c.job.last_sha256,
+                J.c.lease_until > now,
+            )
+        ).first()
+    if row is None:
+        raise LeaseLost(f"job {c.job.id.hex()}: lease lost before removing leftovers")
+
+
 def release(engine: Engine, c: Claim) -> None:
     """Give the job back to PENDING (lease cleared) without confirming anything."""
     with engine.begin() as conn:

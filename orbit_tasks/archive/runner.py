@@ -238,7 +238,7 @@ def _one_claim(
             raise JobFailure(ErrorCode.STORAGE_MISMATCH)
         directory = job_dir(volume, job.namespace_id, job.id)
         # Step 2: the confirmed prefix; leftovers of dead claims go.
-        tail = _verify_prefix(directory, job, full_verify)
+        tail = _verify_prefix(directory, job, full_verify, lambda: store.check_lease(engine, c))
         with engine.connect() as conn:
             rng = store.job_range(conn, job)
             written = None if tail.final else _next_file(conn, job, rng, tail.cursor)
@@ -326,11 +326,14 @@ def _unlink(directory: Path, name: str) -> None:
         (directory / name).unlink()
 
 
-def _verify_prefix(directory: Path, job: Job, full: bool) -> _Tail:
+def _verify_prefix(directory: Path, job: Job, full: bool, still_mine: Callable[[], None]) -> _Tail:
+    """Step 2. ``still_mine`` raises LeaseLost when the claim is no longer ours; it runs right
+    before anything is removed (a stale claim's view of the prefix is out of date)."""
     names = _listdir(directory)
     try:
         if not job.has_manifest:
             # Nothing is confirmed yet: everything in the directory is a leftover.
+            still_mine()
             for name in names:
                 if name.startswith(TMP_PREFIX) or ff.parse_name(name) is not None:
                     _unlink(directory, name)
@@ -360,6 +363,7 @@ def _verify_prefix(directory: Path, job: Job, full: bool) -> _Tail:
             file=report.first_bad_file,
         )
         raise JobFailure(ErrorCode.CHAIN_BROKEN)
+    still_mine()
     for name in names:  # leftovers: temp files, files beyond the prefix, stray duplicates
         parsed = ff.parse_name(name)
         stray = parsed is not None and (
@@ -480,6 +484,7 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
         raise JobFailure(ErrorCode.CHAIN_BROKEN)
     # Only a verified chain tells confirmed files from strays: a walk that stopped at a corrupt
     # file would take the confirmed files before it for leftovers.
+    store.check_lease(engine, c)
     for n in names:
         if n not in chain:
             _unlink(directory, n)  # stray leftovers of dead claims, never a confirmed file

@@ -554,6 +554,25 @@ def test_database_connections_killed_mid_run(ae: ArchiveEnv) -> None:
 # --- review: stale claims and broken chains never delete confirmed files -----------------------
 
 
+def test_stale_claim_resuming_after_a_takeover_deletes_no_confirmed_file(ae: ArchiveEnv) -> None:
+    """A worker whose lease expired while it was paused (right after its claim) resumes after the
+    new owner finished the job: it must notice the lost lease before removing "leftovers"."""
+    from orbit_tasks.archive import job_store, runner
+
+    ns, _, vol, sid = _setup(ae, "zombie", roots=10)
+    job = create_job(ae, ns, "tasks")
+    stale = job_store.claim(ae.engine, ns, job.id, lease_seconds=1)
+    assert stale is not None
+    time.sleep(1.05)  # the stale claim's lease expires while its worker is paused
+    assert _run(ae, job, vol, sid) == "succeeded"  # takeover by a live worker
+    done = ae.job(ns, job.id)
+    kept = file_snapshot(vol, done)
+    assert len(kept) == done.batches + 1
+    assert runner._loop(ae.engine, stale, vol, ae.settings, lambda *_: None) == "lease_lost"
+    assert file_snapshot(vol, done) == kept
+    assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
+
+
 def test_finish_on_a_broken_chain_keeps_every_confirmed_file(ae: ArchiveEnv) -> None:
     """The final step re-verifies the chain; a corrupt middle batch is CHAIN_BROKEN, and the
     confirmed files before it are not taken for strays and deleted."""
