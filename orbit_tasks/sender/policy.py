@@ -304,14 +304,18 @@ def presend_check(
     *,
     stored_digest: bytes,
     request_json: str,
+    operation_id: str,
+    key: str,
     row_namespace: str,
     row_queue: str,
     identity_namespace: str,
     identity_queues: frozenset[str],
 ) -> str | None:
     """REVIEW code found before sending, "" when the row belongs to another namespace than the
-    current credential (released, never sent by this credential), None when it may be sent."""
-    if digest(request_json) != stored_digest:
+    current credential (released, never sent by this credential), None when it may be sent.
+    The key is part of the frozen request: a key that is not ``"op-" + operation_id`` (changed in
+    the database) is never sent, like a body that no longer matches its digest."""
+    if digest(request_json) != stored_digest or key != idempotency_key(operation_id):
         return DIGEST_MISMATCH
     if row_namespace != identity_namespace:
         return ""

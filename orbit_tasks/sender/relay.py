@@ -187,6 +187,8 @@ class Relay:
         check = policy.presend_check(
             stored_digest=row.request_digest,
             request_json=row.request_json,
+            operation_id=row.operation_id,
+            key=row.idempotency_key,
             row_namespace=row.namespace_id,
             row_queue=row.queue_id,
             identity_namespace=identity.namespace_id,

@@ -153,6 +153,26 @@ def test_tampered_body_is_never_sent(world: World, business: tuple[str, Engine])
     relay.client.close()
 
 
+def test_row_with_a_changed_key_is_never_sent(world: World, business: tuple[str, Engine]) -> None:
+    """The key is frozen ("op-" + operation id): a row whose key was changed in the database
+    (e.g. someone "fixing" a REVIEW row by re-keying it) is never sent under the new key, which
+    could create a second task for one operation."""
+    _, engine = business
+    op, ok = enqueue_many(engine, world.ns, world.queues[:1], 2)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sender_outbox SET idempotency_key='op-rekeyed' WHERE operation_id=:op"),
+            {"op": op},
+        )
+    relay = make_relay(engine, world.api.base_url, world.token)
+    assert relay.run_pass().results == {"review": 1, "accepted": 1}
+    r = rows(engine)[op][0]
+    assert (r.state, r.last_code) == ("REVIEW", "DIGEST_MISMATCH")
+    assert platform_task_count(world.platform, ["op-rekeyed", "op-" + op]) == {}
+    assert rows(engine)[ok][0].state == "ACCEPTED"
+    relay.client.close()
+
+
 def _age(engine: Engine, ops: list[str], deadline_in: float) -> dt.datetime:
     """Make rows look enqueued almost 24 h ago: deadline ``deadline_in`` seconds from now
     (created_at = deadline - 24 h satisfies ck_sender_deadline)."""

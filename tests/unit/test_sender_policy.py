@@ -261,6 +261,8 @@ def test_presend_check() -> None:
     args = dict(
         stored_digest=policy.digest(body),
         request_json=body,
+        operation_id="c" * 32,
+        key=KEY,
         row_namespace=NS,
         row_queue=Q,
         identity_namespace=NS,
@@ -270,6 +272,9 @@ def test_presend_check() -> None:
     assert policy.presend_check(**{**args, "request_json": '{"n":1.1}'}) == "DIGEST_MISMATCH"  # type: ignore[arg-type]
     assert policy.presend_check(**{**args, "identity_queues": frozenset()}) == "QUEUE_FORBIDDEN"  # type: ignore[arg-type]
     assert policy.presend_check(**{**args, "identity_namespace": "e" * 32}) == ""  # type: ignore[arg-type]
+    # The frozen key: "op-" + operation id, nothing else.
+    assert policy.presend_check(**{**args, "key": "op-" + "e" * 32}) == "DIGEST_MISMATCH"  # type: ignore[arg-type]
+    assert policy.presend_check(**{**args, "key": "c" * 32}) == "DIGEST_MISMATCH"  # type: ignore[arg-type]
 
 
 def test_digest_is_raw_sha256_of_utf8_bytes() -> None:
