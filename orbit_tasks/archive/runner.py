@@ -10,7 +10,6 @@ never job failures: stop and let the lease expire (or the job was already releas
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -315,6 +314,8 @@ def _listdir(directory: Path) -> list[str]:
         return sorted(os.listdir(directory))
     except FileNotFoundError:
         return []
+    except OSError:
+        raise JobFailure(ErrorCode.IO_ERROR) from None
 
 
 def _read(directory: Path, name: str) -> bytes:
@@ -322,8 +323,12 @@ def _read(directory: Path, name: str) -> bytes:
 
 
 def _unlink(directory: Path, name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    try:
         (directory / name).unlink()
+    except FileNotFoundError:
+        pass
+    except OSError:  # read-only remount, EIO, EACCES...: never a raw exception with its path
+        raise JobFailure(ErrorCode.IO_ERROR) from None
 
 
 def _verify_prefix(directory: Path, job: Job, full: bool, still_mine: Callable[[], None]) -> _Tail:

@@ -608,3 +608,15 @@ def test_finish_on_a_broken_chain_keeps_every_confirmed_file(ae: ArchiveEnv) -> 
     now = file_snapshot(vol, failed)
     for name in confirmed:
         assert name in now, f"confirmed file {name} was deleted"
+
+
+def test_leftover_that_cannot_be_removed_is_io_error_not_a_raw_exception(ae: ArchiveEnv) -> None:
+    """An OS error while removing leftovers (read-only remount, EIO, EACCES; here: a directory
+    under a chain name) fails the job with IO_ERROR instead of escaping with its path."""
+    ns, _, vol, sid = _setup(ae, "unremovable", roots=10)
+    job = create_job(ae, ns, "tasks")
+    assert _run(ae, job, vol, sid, archive_slice_seconds=0) == "released"  # manifest confirmed
+    (job_dir(vol, ns, job.id) / f"00000007-{'ab' * 32}.jsonl.gz").mkdir()
+    assert _run(ae, job, vol, sid) == "failed"
+    failed = ae.job(ns, job.id)
+    assert failed.error_code == "IO_ERROR" and failed.lease_id is None
