@@ -27,7 +27,11 @@ MAX_SOURCE_REF_CHARS = 512
 # MariaDB's JSON_VALID (ck_sender_document) refuses documents nested deeper than this.
 MAX_DEPTH = 31
 CREDENTIAL_KEYS = frozenset({"authorization", "password", "secret", "token", "api_key"})
-_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/?#\s]*@")
+# URL userinfo (``scheme://user:pw@`` or scheme-relative ``//user:pw@``), and URL parameters that
+# carry a credential (``?token=...``, ``#access_token=...``).
+_USERINFO = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.\-]*:)?//[^/?#\s]*@")
+_URL_PARAM = re.compile(r"[?&#;]([^=&#;?\s]+)=")
+CREDENTIAL_PARAMS = CREDENTIAL_KEYS | {"access_token", "refresh_token", "client_secret", "apikey"}
 
 
 class InvalidRequest(InvalidInput):
@@ -141,9 +145,10 @@ def _encode(value: Any, path: str) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, dict):
         parts = []
-        for key in sorted(value):
+        for key in value:
             if not isinstance(key, str):
                 raise InvalidRequest(f"request key {key!r} at {path} is not a string")
+        for key in sorted(value):
             parts.append(
                 json.dumps(key, ensure_ascii=False) + ":" + _encode(value[key], f"{path}.{key}")
             )
@@ -209,6 +214,12 @@ def check_source_ref(source_ref: object) -> str:
             "source_ref embeds credentials (a 'scheme://user[:password]@' part); store a "
             "reference without userinfo"
         )
+    for name in _URL_PARAM.findall(source_ref):
+        if name.lower().replace("-", "_") in CREDENTIAL_PARAMS:
+            raise InvalidRequest(
+                f"source_ref embeds credentials (URL parameter {name!r}; refused: "
+                f"{sorted(CREDENTIAL_PARAMS)}); store a reference without them"
+            )
     if any(ord(ch) < 32 for ch in source_ref):
         raise InvalidRequest("source_ref contains control characters; allowed: printable text")
     return source_ref

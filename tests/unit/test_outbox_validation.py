@@ -121,6 +121,27 @@ def test_source_ref_refusals(ref: object, pattern: str) -> None:
         check_source_ref(ref)
 
 
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "//user:pass@example.com/doc/1",  # scheme-relative URL
+        "see <//u:p@host/x>",
+        "https://example.com/doc/1?token=abc",
+        "https://example.com/doc/1?x=1&Password=abc",
+        "https://example.com/doc/1#access_token=abc",
+        "https://example.com/doc/1?API-KEY=abc",
+    ],
+)
+def test_source_ref_with_credentials_elsewhere_in_the_url_is_refused(ref: str) -> None:
+    with pytest.raises(InvalidRequest, match="embeds credentials"):
+        check_source_ref(ref)
+
+
+def test_dict_with_mixed_key_types_is_a_clear_refusal() -> None:
+    with pytest.raises(InvalidRequest, match="not a string"):
+        freeze_request({1: "x", "b": 2})  # type: ignore[dict-item]
+
+
 def test_source_ref_accepted_forms() -> None:
     assert check_source_ref("x" * 512) == "x" * 512
     assert check_source_ref("😀" * 512) == "😀" * 512
@@ -128,6 +149,10 @@ def test_source_ref_accepted_forms() -> None:
         "https://example.com/orders/1?at=a@b"
     )
     assert check_source_ref("orders/42") == "orders/42"
+    assert check_source_ref("https://example.com/orders?token_id=5&passwords_page=2") == (
+        "https://example.com/orders?token_id=5&passwords_page=2"
+    )
+    assert check_source_ref("orders/42 by ops@example.com") == "orders/42 by ops@example.com"
 
 
 @pytest.mark.parametrize(
