@@ -252,10 +252,14 @@ def set_plan(
         if not changes:
             return SetPlanResult(current, created=False, changed=False)
         revision = current.revision + 1
+        # next_run_at is written only when the change moves it (into enabled: due now). Else it
+        # stays the tick's column: a tick may have advanced it since ``current`` was read, and
+        # the compare-and-set on ``revision`` does not see that (ticks never bump it).
+        moved = {} if next_run == current.next_run_at else {"next_run_at": next_run}
         result = conn.execute(
             update(archive_plans)
             .where(P.namespace_id == ns_id, P.kind == kind, P.revision == current.revision)
-            .values(revision=revision, next_run_at=next_run, updated_at=now, **values)
+            .values(revision=revision, updated_at=now, **moved, **values)
         )
         if result.rowcount != 1:
             raise StaleRevision(f"plan {kind!r} changed concurrently; retry")

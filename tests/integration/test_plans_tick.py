@@ -18,7 +18,7 @@ from celery import Celery
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, insert, select, text, update
 
-from orbit_tasks.archive import plan_store
+from orbit_tasks.archive import plan_store, schedule
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import Publisher, make_publisher, queue_name
 from orbit_tasks.db.engine import db_now
@@ -786,3 +786,36 @@ def test_job_creation_compare_and_set_refuses_every_stale_view(platform_engine: 
     assert try_create(seen) is not None
     assert try_create(seen) is None  # the same view twice: the second loses (active job set)
     assert len(w.jobs()) == 1 and w.plan().revision == seen.revision
+
+
+@pytest.mark.mariadb
+def test_operator_change_racing_a_tick_keeps_the_ticks_next_run(platform_engine: Engine) -> None:
+    """A plan change that does not enable the plan leaves next_run_at alone: a tick that moved it
+    (and created a job) while the change waited for the row lock must not be undone."""
+    w = World(platform_engine)
+    w.set()
+    seen = w.plan()
+    tick_conn = platform_engine.connect()
+    tick_tx = tick_conn.begin()
+    now = db_now(tick_conn)
+    advanced = schedule.next_after(seen.next_run_at, seen.interval_seconds, now)
+    assert plan_store.create_job(tick_conn, seen, advanced, now) is not None  # row lock held
+    errors: list[BaseException] = []
+
+    def change() -> None:
+        try:
+            w.set(batch_size=9)  # reads the committed row (old next_run_at), then waits
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=change)
+    t.start()
+    t.join(timeout=1.0)  # the operator's UPDATE is blocked on the tick's row lock
+    tick_tx.commit()
+    tick_conn.close()
+    t.join(timeout=30)
+    assert not t.is_alive() and not errors, errors
+    plan = w.plan()
+    assert plan.batch_size == 9 and plan.active_job_id is not None
+    assert plan.next_run_at == advanced  # the tick's advance survives
+    assert len(w.jobs()) == 1
