@@ -121,7 +121,7 @@ class PlatformClient:
             ns = doc["namespace_id"]
             queues = frozenset(q["id"] for q in doc["queues"])
             cred = doc.get("credential_id", "")
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, RecursionError):
             raise IdentityUnavailable("GET /v1/credential answered an unreadable body") from None
         if not policy.is_hex32(ns) or not all(policy.is_hex32(q) for q in queues):
             raise IdentityUnavailable("GET /v1/credential answered ids that are not 32 hex")

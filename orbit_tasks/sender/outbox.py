@@ -24,8 +24,7 @@ from orbit_tasks.sender import policy, store
 
 MAX_REQUEST_BYTES = 1024 * 1024  # the platform's limit (413 above it)
 MAX_SOURCE_REF_CHARS = 512
-# MariaDB's JSON_VALID (ck_sender_document) refuses documents nested deeper than this.
-MAX_DEPTH = 31
+MAX_DEPTH = policy.MAX_JSON_DEPTH
 CREDENTIAL_KEYS = frozenset({"authorization", "password", "secret", "token", "api_key"})
 # URL userinfo (``scheme://user:pw@`` or scheme-relative ``//user:pw@``), and URL parameters that
 # carry a credential (``?token=...``, ``#access_token=...``).
@@ -99,27 +98,15 @@ def _too_deep() -> str:
 
 
 def _check_storable(doc: Any) -> None:
-    """What the parser accepts but JSON_VALID (the CHECK of the seed) refuses: nesting deeper than
-    :data:`MAX_DEPTH`, and strings with lone surrogates (escaped ``\\ud800``; not UTF-8 either)."""
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_DEPTH:
-                raise InvalidRequest(_too_deep())
-            items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
-            for key, item in items:
-                if key is not None:
-                    stack.append((key, depth))
-                stack.append((item, depth + 1))
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidRequest(
-                    "request has a string with a lone surrogate (an unpaired \\ud800-\\udfff "
-                    "escape); it is not valid UTF-8 nor storable JSON"
-                ) from None
+    """What the parser accepts but JSON_VALID (the CHECK of the seed) refuses."""
+    problem = policy.json_storage_problem(doc)
+    if problem == "depth":
+        raise InvalidRequest(_too_deep())
+    if problem == "surrogate":
+        raise InvalidRequest(
+            "request has a string with a lone surrogate (an unpaired \\ud800-\\udfff "
+            "escape); it is not valid UTF-8 nor storable JSON"
+        )
 
 
 def _encode(value: Any, path: str) -> str:

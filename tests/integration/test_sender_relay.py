@@ -363,3 +363,23 @@ def test_claim_just_before_the_deadline_is_not_sent_after_it(
     assert (r.state, r.last_code) == ("REVIEW", "DEADLINE_EXCEEDED")
     assert platform_task_count(world.platform, ["op-" + op]) == {}
     relay.client.close()
+
+
+def test_unreadable_identity_answer_is_identity_unavailable(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    """A 200 from GET /v1/credential whose body the parser cannot take (nested past the
+    recursion limit) is "identity unavailable", not an exception out of the pass."""
+    _, engine = business
+    enqueue_many(engine, world.ns, world.queues[:1], 1)
+    deep = b"[" * 100_000 + b"]" * 100_000
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        return Fault("status", 200, body=deep) if method == "GET" else PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token)
+        stats = relay.run_pass()
+        relay.client.close()
+    assert stats.identity_error and stats.claimed == 0
+    assert proxy.posts() == []

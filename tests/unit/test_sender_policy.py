@@ -63,6 +63,12 @@ def test_valid_receipt_is_accepted_with_exact_text(status: int) -> None:
         receipt(namespace_id="e" * 32),
         receipt(queue_id="e" * 32),
         receipt(idempotency_key="op-" + "e" * 32),
+        # the receipt has five fields; accepted_at is one of them
+        receipt(accepted_at=None),
+        receipt().replace(b'"accepted_at":"2026-01-01T12:00:00.000000Z",', b""),
+        # what ck_sender_receipt (JSON_VALID) cannot store: an escaped lone surrogate, deep nesting
+        receipt(note="\ud800"),
+        receipt(extra=json.loads("[" * 31 + "]" * 31)),
     ],
 )
 @pytest.mark.parametrize("status", [200, 201])
@@ -301,3 +307,12 @@ def test_after_retryable() -> None:
         None,
         "DEADLINE_EXCEEDED",
     )
+
+
+@pytest.mark.parametrize("status", [200, 201, 409, 422])
+def test_deeply_nested_bodies_are_classified_not_raised(status: int) -> None:
+    """json.loads raises RecursionError (not ValueError) past ~1000 levels; an odd server body
+    must still get its fixed code instead of failing the outcome write."""
+    body = b"[" * 100_000 + b"]" * 100_000
+    out = classify(status, body)
+    assert out.kind == "review" and out.code in policy.REVIEW_CODES
