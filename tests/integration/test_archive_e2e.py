@@ -310,3 +310,73 @@ def test_other_hot_job_queries_use_their_indexes(platform_engine: Engine) -> Non
             sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
             rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
             assert rows[0]["key"] == index, (sql, rows)
+
+
+def test_job_range_uses_the_previous_success_and_its_own_policy(platform_engine: Engine) -> None:
+    """from = until of the latest SUCCEEDED job of (namespace, kind) created before this one,
+    computed with that job's policy revision; FAILED/ABANDONED, later, other-kind and
+    other-namespace jobs do not count; a created_at tie is broken by id."""
+    import datetime as dt
+
+    from sqlalchemy import insert
+
+    from orbit_tasks.db.platform_tables import archive_jobs
+    from orbit_tasks.ids import new_id
+    from orbit_tasks.platform import store
+
+    day = dt.timedelta(days=1)
+    t0 = dt.datetime(2026, 1, 10, 12, 0, 0, 123456)
+    with platform_engine.begin() as conn:
+        ns = store.create_namespace(conn, "ranges")
+        other_ns = store.create_namespace(conn, "ranges-other")
+        store.add_policy_revision(conn, ns, "tasks", 2 * 86400, "t")  # revision 1: 2 days
+        store.add_policy_revision(conn, ns, "tasks", 5 * 86400, "t")  # revision 2: 5 days
+        store.add_policy_revision(conn, ns, "events", 3600, "t")
+        store.add_policy_revision(conn, other_ns, "tasks", 3600, "t")
+
+    ids = sorted(new_id() for _ in range(2))  # two ids for a created_at tie, in id order
+
+    def job(state: str, created: dt.datetime, policy: int = 1, **kw: Any) -> Any:
+        values: dict[str, Any] = dict(
+            namespace_id=ns,
+            id=new_id(),
+            kind="tasks",
+            plan_revision=1,
+            policy_revision=policy,
+            storage_id=b"\x01" * 16,
+            batch_size=10,
+            max_bytes=1 << 20,
+            state=state,
+            created_at=created,
+            updated_at=created,
+        )
+        values.update(kw)
+        with platform_engine.begin() as conn:
+            conn.execute(insert(archive_jobs).values(**values))
+        with platform_engine.connect() as conn:
+            found = job_store.get_job(conn, values["namespace_id"], values["id"])
+        assert found is not None
+        return found
+
+    def rng(j: Any) -> ArchiveRange:
+        with platform_engine.connect() as conn:
+            return job_store.job_range(conn, j)
+
+    first = job("SUCCEEDED", t0, policy=1)
+    assert rng(first) == ArchiveRange(None, t0 - 2 * day)
+    job("FAILED", t0 + day)  # neither FAILED ...
+    job("ABANDONED", t0 + 2 * day)  # ... nor ABANDONED jobs count
+    job("SUCCEEDED", t0 + 3 * day, kind="events")  # another kind
+    job("SUCCEEDED", t0 + 3 * day, namespace_id=other_ns)  # another namespace
+    cur = job("PENDING", t0 + 4 * day, policy=2)
+    assert rng(cur) == ArchiveRange(t0 - 2 * day, t0 - day)  # until with cur's 5-day policy
+    early = job("PENDING", t0 + 1.5 * day, policy=2)
+    assert rng(early) == ArchiveRange(t0 - 2 * day, t0 - 3.5 * day) and rng(early).empty
+    job("SUCCEEDED", t0 + 5 * day, policy=1)  # created after cur: not its predecessor
+    assert rng(cur) == ArchiveRange(t0 - 2 * day, t0 - day)
+    # A tie on created_at: the job with the smaller id is the one "created before".
+    tie = t0 + 10 * day
+    low = job("SUCCEEDED", tie, policy=2, id=ids[0])
+    high = job("PENDING", tie, policy=1, id=ids[1])
+    assert rng(high) == ArchiveRange(tie - 5 * day, tie - 2 * day)  # from: low's own policy
+    assert rng(low) == ArchiveRange(t0 + 3 * day, tie - 5 * day)  # the job created at t0+5d
