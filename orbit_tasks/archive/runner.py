@@ -28,6 +28,7 @@ from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
     JobFailure,
+    JobState,
     file_cap,
     is_stalled,
     over_budget,
@@ -451,6 +452,15 @@ def _remove_unless_confirmed(
     try:
         with engine.connect() as conn:
             now_job = store.get_job(conn, c.job.namespace_id, c.job.id)
+        parsed = ff.parse_name(name)
+        ahead = parsed is not None and (
+            now_job is None or not now_job.has_manifest or parsed.seq > now_job.batches
+        )
+        if now_job is not None and now_job.state is JobState.RUNNING and ahead:
+            # Another claim is live and has not confirmed this position yet: it may have found
+            # our file under its name (identical bytes) and be about to confirm it. Its own
+            # cleanup (next claim, or the final step) removes the file if it stays unconfirmed.
+            return
         confirmed: set[str] = set()
         if now_job is not None and now_job.has_manifest:
             files = {}

@@ -620,3 +620,42 @@ def test_leftover_that_cannot_be_removed_is_io_error_not_a_raw_exception(ae: Arc
     assert _run(ae, job, vol, sid) == "failed"
     failed = ae.job(ns, job.id)
     assert failed.error_code == "IO_ERROR" and failed.lease_id is None
+
+
+def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEnv) -> None:
+    """SPEC §5 step 6 race: the stale claim writes file N after the new owner's cleanup; the owner
+    then finds N already there with identical bytes and confirms it. The stale writer's removal
+    (its confirm was rejected) must not delete the file the owner is confirming."""
+    from orbit_tasks.archive import fileformat as ff
+    from orbit_tasks.archive import job_store, runner
+    from orbit_tasks.archive.volume import store_job_file
+    from orbit_tasks.errors import LeaseLost
+
+    ns, _, vol, sid = _setup(ae, "adopted", roots=5)
+    job = create_job(ae, ns, "tasks")
+    stale = job_store.claim(ae.engine, ns, job.id, lease_seconds=1)
+    assert stale is not None
+    time.sleep(1.05)
+    owner = job_store.claim(ae.engine, ns, job.id, lease_seconds=60)  # takeover
+    assert owner is not None and owner.takeover
+    with ae.engine.connect() as conn:
+        written = runner._next_file(conn, owner.job, job_store.job_range(conn, owner.job), None)
+    assert written is not None  # the manifest: identical bytes for both claims
+    d = job_dir(vol, ns, job.id)
+    mine = store_job_file(d, written.name, written.data)  # the stale claim's late write
+    assert mine.created
+    theirs = store_job_file(d, written.name, written.data)  # the owner finds it there
+    assert not theirs.created
+    with pytest.raises(LeaseLost):
+        job_store.confirm(
+            ae.engine, stale, is_batch=False, roots=0, size=len(written.data),
+            sha256=ff.sha256_hex(written.data), after="keep", lease_seconds=60,
+        )  # fmt: skip
+    runner._remove_unless_confirmed(ae.engine, stale, d, written.name, mine)
+    job_store.confirm(
+        ae.engine, owner, is_batch=False, roots=0, size=len(written.data),
+        sha256=ff.sha256_hex(written.data), after="release", lease_seconds=60,
+    )  # fmt: skip
+    assert (d / written.name).read_bytes() == written.data  # the confirmed manifest is there
+    assert _run(ae, job, vol, sid) == "succeeded"
+    assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
