@@ -74,6 +74,10 @@ class PlatformClient:
         )
         self._lock = threading.Lock()
         self._identity: Identity | None = None
+        # httpx timeouts are per operation; a server trickling its answer byte by byte would
+        # never trip them. The whole exchange is also bounded: once this much time has passed
+        # the send is a TIMEOUT (worst case: this bound plus one read timeout).
+        self._total_seconds = timeout_seconds
 
     def __repr__(self) -> str:  # never show the token
         return f"PlatformClient({self._http.base_url!s})"
@@ -135,6 +139,7 @@ class PlatformClient:
         headers["Idempotency-Key"] = key
         headers["Content-Type"] = "application/json"
         url = f"/v1/namespaces/{namespace_id}/queues/{queue_id}/tasks"
+        deadline = time.monotonic() + self._total_seconds
         try:
             request = self._http.build_request("POST", url, content=body, headers=headers)
             resp = self._http.send(request, stream=True)
@@ -142,6 +147,8 @@ class PlatformClient:
                 chunks: list[bytes] = []
                 size = 0
                 for chunk in resp.iter_bytes():
+                    if time.monotonic() > deadline:
+                        return SendResult(None, transport="timeout")
                     chunks.append(chunk)
                     size += len(chunk)
                     if size > MAX_RESPONSE_BYTES:
