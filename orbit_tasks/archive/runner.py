@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -484,10 +484,12 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
     except OSError:
         raise JobFailure(ErrorCode.IO_ERROR) from None
     chain = _chain_names(files, job)
-    report = ff.verify_chain(
-        [(n, d) for n, d in files.items() if n in chain],
-        expect=store.chain_expectation(job, complete=False),
-    )
+    with engine.connect() as conn:
+        rng = store.job_range(conn, job)
+    # The manifest's range must still be the one any node derives from the database (as
+    # `orbit job verify` checks), so a SUCCEEDED job never fails a later verify.
+    expect = replace(store.chain_expectation(job, complete=False), range=(rng.from_, rng.until))
+    report = ff.verify_chain([(n, d) for n, d in files.items() if n in chain], expect=expect)
     if not report.ok:
         log_action(
             log,

@@ -659,3 +659,36 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     assert (d / written.name).read_bytes() == written.data  # the confirmed manifest is there
     assert _run(ae, job, vol, sid) == "succeeded"
     assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
+
+
+def test_finish_refuses_a_manifest_whose_range_no_longer_matches_the_database(
+    ae: ArchiveEnv,
+) -> None:
+    """Step 5 checks the manifest's range against the range any node derives from the database
+    (as `orbit job verify` does): a job never becomes SUCCEEDED with files a later verify
+    rejects. Here an earlier SUCCEEDED job appears after the manifest was written."""
+    from datetime import timedelta
+
+    from orbit_tasks.db.platform_tables import archive_jobs
+    from orbit_tasks.ids import new_id
+
+    ns, _, vol, sid = _setup(ae, "rangemoved", roots=10, batch=5)
+    job = create_job(ae, ns, "tasks")
+    assert _run(ae, job, vol, sid, archive_slice_seconds=0) == "released"  # manifest confirmed
+    before = file_snapshot(vol, ae.job(ns, job.id))
+    with ae.engine.begin() as conn:
+        conn.execute(
+            insert(archive_jobs).values(
+                namespace_id=ns, id=new_id(), kind="tasks", plan_revision=1,
+                policy_revision=job.policy_revision, storage_id=sid, batch_size=5,
+                max_bytes=job.max_bytes, state="SUCCEEDED",
+                created_at=job.created_at - timedelta(hours=30),
+                updated_at=job.created_at - timedelta(hours=30),
+            )
+        )  # fmt: skip
+    assert _run(ae, job, vol, sid) == "failed"
+    failed = ae.job(ns, job.id)
+    assert failed.error_code == "CHAIN_BROKEN" and failed.state == "FAILED"
+    after = file_snapshot(vol, failed)
+    for name, data in before.items():
+        assert after.get(name) == data, f"confirmed file {name} was deleted or rewritten"
