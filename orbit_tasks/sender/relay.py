@@ -28,6 +28,7 @@ SWEEP_LIMIT = 500
 # The claim guards catch due rows of claimable queues at once; the sweep is for the rest (rows no
 # credential can claim), so once per interval per process is enough and keeps big backlogs cheap.
 SWEEP_INTERVAL_SECONDS = 30.0
+QUEUE_SCAN_SECONDS = 10.0  # how often the namespace's queues with outbox rows are re-read
 _RETRYABLE_DB_ERRORS = (1205, 1213)  # lock wait timeout, deadlock
 T = TypeVar("T")
 Clock = Callable[[Connection], dt.datetime]
@@ -98,6 +99,7 @@ class Relay:
         self.rng = rng or random.SystemRandom()
         self.clock = clock
         self._queue_offset = 0
+        self._ns_queues: dict[str, tuple[float, frozenset[str]]] = {}
         self._last_sweep: float | None = None
 
     # --- claiming ------------------------------------------------------------------------------
@@ -111,10 +113,26 @@ class Relay:
             log_action(logger, "sender.sweep.deadline_exceeded", rows=moved)
         return moved
 
+    def _claim_queues(self, identity: Identity) -> list[str]:
+        """The allowed queues plus every queue of the namespace that has outbox rows (the
+        latter re-read at most every QUEUE_SCAN_SECONDS)."""
+        cached = self._ns_queues.get(identity.namespace_id)
+        if cached is None or time.monotonic() - cached[0] >= QUEUE_SCAN_SECONDS:
+            found = _with_db_retry(
+                self.engine, lambda c: store.namespace_queues(c, identity.namespace_id)
+            )
+            cached = (time.monotonic(), frozenset(found))
+            self._ns_queues[identity.namespace_id] = cached
+        return sorted(identity.queue_ids | cached[1])
+
     def claim_batch(self, identity: Identity, limit: int) -> tuple[list[Owned], int, int]:
-        """Claim up to ``limit`` due rows of the identity's allowed queues in one transaction.
-        Returns (claimed rows, due rows seen, rows moved to REVIEW by the guards)."""
-        queues = sorted(identity.queue_ids)
+        """Claim up to ``limit`` due rows of the identity's namespace in one transaction.
+        Returns (claimed rows, due rows seen, rows moved to REVIEW by the guards).
+
+        Rows of queues the credential does not allow are claimed too: the check before sending
+        moves them to REVIEW ``QUEUE_FORBIDDEN`` (SPEC §8 step 3) instead of letting them wait
+        silently for their deadline."""
+        queues = self._claim_queues(identity)
         if not queues or limit <= 0:
             return [], 0, 0
         start = self._queue_offset % len(queues)

@@ -295,6 +295,17 @@ def release(conn: Connection, row: Claimed, now: dt.datetime) -> bool:
 # --- deadline sweep ----------------------------------------------------------------------------
 
 
+def namespace_queues(conn: Connection, namespace_id: str) -> list[str]:
+    """Distinct queues with outbox rows in one namespace (a loose scan of ``ix_sender_due``)."""
+    rows = conn.execute(
+        select(o.c.queue_id)
+        .where(o.c.namespace_id == namespace_id)
+        .group_by(o.c.queue_id)
+        .order_by(o.c.queue_id)
+    )
+    return [r[0] for r in rows]
+
+
 def outbox_queues(conn: Connection) -> list[tuple[str, str]]:
     """Distinct (namespace, queue) pairs (a loose scan of ``ix_sender_due``'s prefix)."""
     rows = conn.execute(

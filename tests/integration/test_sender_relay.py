@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from orbit_tasks.db.engine import db_now
-from orbit_tasks.sender import policy
+from orbit_tasks.sender import policy, store
 from tests import sender_support
 from tests.dbutil import migrated_engine
 from tests.sender_proxy import PASS, Fault, fault_proxy
@@ -117,18 +117,28 @@ def test_queue_not_allowed(world: World, business: tuple[str, Engine]) -> None:
     ops = enqueue_many(engine, world.ns, world.queues[:2], 4)  # q0, q1, q0, q1
     everything = make_relay(engine, world.api.base_url, world.token)
     only_q0 = make_relay(engine, world.api.base_url, world.token_q0)
-    # A restricted credential never claims rows of other queues.
-    assert only_q0.run_pass().results == {"accepted": 2}
+    # SPEC §8 step 3: a row whose queue the credential does not allow is claimed (it belongs to
+    # the credential's namespace) and goes to REVIEW QUEUE_FORBIDDEN without being sent.
+    assert only_q0.run_pass().results == {"accepted": 2, "review": 2}
     table = rows(engine)
-    assert [table[op][0].state for op in ops] == ["ACCEPTED", "PENDING", "ACCEPTED", "PENDING"]
+    assert [table[op][0].state for op in ops] == ["ACCEPTED", "REVIEW", "ACCEPTED", "REVIEW"]
+    assert {table[op][0].last_code for op in ops[1::2]} == {"QUEUE_FORBIDDEN"}
+    assert {table[op][0].send_count for op in ops[1::2]} == {1}
+    assert platform_task_count(world.platform, ["op-" + op for op in ops[1::2]]) == {}
+    # After the operator grants the queue, requeue sends them under the same key.
+    with engine.begin() as conn:
+        for op in ops[1::2]:
+            row = store.get_row(conn, world.ns, op)
+            assert store.requeue(conn, row, db_now(conn))
+    assert everything.run_pass().results == {"accepted": 2}
     # Claimed under a wider identity, checked against the current one before sending.
+    more = enqueue_many(engine, world.ns, world.queues[1:2], 2)
     owned, _, _ = everything.claim_batch(everything.client.identity(), 10)
     assert len(owned) == 2
     assert [only_q0.process(o) for o in owned] == ["review", "review"]
     table = rows(engine)
-    assert {table[op][0].last_code for op in ops[1::2]} == {"QUEUE_FORBIDDEN"}
-    assert platform_task_count(world.platform, ["op-" + op for op in ops[1::2]]) == {}
-    check_invariants(engine, world.platform)
+    assert {table[op][0].last_code for op in more} == {"QUEUE_FORBIDDEN"}
+    check_invariants(engine, world.platform, require_accepted=False)
     everything.client.close()
     only_q0.client.close()
 
