@@ -360,15 +360,7 @@ def _verify_prefix(directory: Path, job: Job, full: bool, still_mine: Callable[[
         raise JobFailure(ErrorCode.CHAIN_BROKEN) from None
     except OSError:
         raise JobFailure(ErrorCode.IO_ERROR) from None
-    if not report.ok:
-        log_action(
-            log,
-            "archive.job.chain_broken",
-            logging.WARNING,
-            job_id=job.id,
-            file=report.first_bad_file,
-        )
-        raise JobFailure(ErrorCode.CHAIN_BROKEN)
+    _require_verified(report, job)
     still_mine()
     for name in names:  # leftovers: temp files, files beyond the prefix, stray duplicates
         parsed = ff.parse_name(name)
@@ -473,6 +465,19 @@ def _remove_unless_confirmed(
         log_action(log, "archive.job.cleanup_skipped", logging.WARNING, error=type(exc).__name__)
 
 
+def _require_verified(report: Any, job: Job) -> None:
+    """A chain that does not verify fails the job with CHAIN_BROKEN (the log names the file)."""
+    if not report.ok:
+        log_action(
+            log,
+            "archive.job.chain_broken",
+            logging.WARNING,
+            job_id=job.id,
+            file=report.first_bad_file,
+        )
+        raise JobFailure(ErrorCode.CHAIN_BROKEN)
+
+
 def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]:
     """Step 5: re-verify the whole chain from disk, roots == roots_total, then SUCCEEDED."""
     job = c.job
@@ -490,15 +495,7 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
     # `orbit job verify` checks), so a SUCCEEDED job never fails a later verify.
     expect = replace(store.chain_expectation(job, complete=False), range=(rng.from_, rng.until))
     report = ff.verify_chain([(n, d) for n, d in files.items() if n in chain], expect=expect)
-    if not report.ok:
-        log_action(
-            log,
-            "archive.job.chain_broken",
-            logging.WARNING,
-            job_id=job.id,
-            file=report.first_bad_file,
-        )
-        raise JobFailure(ErrorCode.CHAIN_BROKEN)
+    _require_verified(report, job)
     # Only a verified chain tells confirmed files from strays: a walk that stopped at a corrupt
     # file would take the confirmed files before it for leftovers.
     store.check_lease(engine, c)
