@@ -63,8 +63,12 @@ SEND_WINDOW = dt.timedelta(hours=24)
 # Backoff: full jitter over [0, min(CAP, BASE * 2**(n-1))] seconds for the n-th send.
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 300.0
-# A retry that would land at or after the deadline gets one last try this long before it.
-LAST_TRY_MARGIN = dt.timedelta(milliseconds=1)
+# "Never sent after its deadline": no send *starts* within LAST_SEND_MARGIN of the deadline (so
+# that connecting and delivering cannot carry a request past it), and a retry that would land
+# later than LAST_TRY_MARGIN before the deadline gets its one last try there instead (leaving
+# time to claim it before the send cut-off).
+LAST_SEND_MARGIN = dt.timedelta(seconds=1)
+LAST_TRY_MARGIN = 2 * LAST_SEND_MARGIN
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 # MariaDB's JSON_VALID (ck_sender_document, ck_sender_receipt) refuses deeper documents.
@@ -90,6 +94,11 @@ def idempotency_key(operation_id: str) -> str:
 def deadline_passed(now: dt.datetime, deadline: dt.datetime) -> bool:
     """``now == deadline`` is already past: nothing is sent at or after the deadline."""
     return now >= deadline
+
+
+def too_late_to_send(now: dt.datetime, deadline: dt.datetime) -> bool:
+    """A send may start only while ``now + LAST_SEND_MARGIN < deadline``."""
+    return now + LAST_SEND_MARGIN >= deadline
 
 
 def claim_guard(now: dt.datetime, send_count: int, deadline: dt.datetime) -> str | None:

@@ -220,7 +220,7 @@ class Relay:
         if check is not None:
             return self._review(owned, check, fields)
         elapsed = dt.timedelta(seconds=time.monotonic() - owned.mono)
-        if policy.deadline_passed(row.claimed_at + elapsed, row.send_deadline_at):
+        if policy.too_late_to_send(row.claimed_at + elapsed, row.send_deadline_at):
             return self._review(owned, policy.DEADLINE_EXCEEDED, fields)
         if row.claimed_at + elapsed + dt.timedelta(seconds=self.timeout_seconds) >= row.lease_until:
             # Too little lease left for one bounded send: give it back unsent.

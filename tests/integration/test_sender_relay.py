@@ -209,7 +209,7 @@ def test_platform_unreachable_until_the_deadline(
         return Fault("drop_before") if method == "POST" else PASS
 
     with fault_proxy(world.api.base_url, rule) as proxy:
-        deadline = _age(engine, ops, 3.0)
+        deadline = _age(engine, ops, 5.0)
         relay = make_relay(engine, proxy.url, world.token, timeout=1.0)
         drive(relay, engine, timeout=30)
         relay.client.close()
@@ -217,10 +217,12 @@ def test_platform_unreachable_until_the_deadline(
     for op in ops:
         r = table[op][0]
         assert (r.state, r.last_code) == ("REVIEW", "DEADLINE_EXCEEDED"), r
-        assert r.send_count >= 2  # retried (NETWORK) while there was time
+        assert r.send_count >= 1
+    assert max(table[op][0].send_count for op in ops) >= 2  # retried (NETWORK) while in time
     deadline_epoch = deadline.replace(tzinfo=dt.UTC).timestamp()
     posts = proxy.posts()
-    assert posts and all(p.at < deadline_epoch for p in posts)  # nothing sent at/after it
+    # No send starts in the last LAST_SEND_MARGIN, so none reaches the platform after the deadline.
+    assert posts and all(p.at < deadline_epoch for p in posts)
     assert platform_task_count(world.platform, ["op-" + op for op in ops]) == {}
     check_invariants(engine, world.platform)
 

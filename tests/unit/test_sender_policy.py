@@ -227,15 +227,25 @@ def test_retry_after_past_the_deadline_means_deadline_exceeded() -> None:
     deadline = NOW + dt.timedelta(seconds=10)
     assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 10.0) is None
     assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 11.0) is None
-    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 9.0) == NOW + dt.timedelta(seconds=9)
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 9.0) is None  # inside the last 2 s
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 8.0) == NOW + dt.timedelta(seconds=8)
 
 
 def test_no_retry_at_or_after_the_deadline() -> None:
     assert policy.next_wake(DEADLINE, DEADLINE, 1, Fixed(0.0)) is None
     assert policy.next_wake(DEADLINE + dt.timedelta(microseconds=1), DEADLINE, 1, Fixed(0)) is None
-    just_before = DEADLINE - dt.timedelta(milliseconds=2)
-    assert policy.next_wake(just_before, DEADLINE, 1, Fixed(0.0)) == just_before
-    assert policy.next_wake(DEADLINE - policy.LAST_TRY_MARGIN / 2, DEADLINE, 1, Fixed(0)) is None
+    last_slot = DEADLINE - policy.LAST_TRY_MARGIN
+    assert policy.next_wake(last_slot, DEADLINE, 1, Fixed(0.0)) == last_slot
+    assert policy.next_wake(last_slot + dt.timedelta(microseconds=1), DEADLINE, 1, Fixed(0)) is None
+
+
+def test_no_send_starts_within_the_last_send_margin() -> None:
+    cutoff = DEADLINE - policy.LAST_SEND_MARGIN
+    assert not policy.too_late_to_send(cutoff - dt.timedelta(microseconds=1), DEADLINE)
+    assert policy.too_late_to_send(cutoff, DEADLINE)
+    assert policy.too_late_to_send(DEADLINE, DEADLINE)
+    # the last retry slot leaves time to claim the row before the cut-off
+    assert cutoff > DEADLINE - policy.LAST_TRY_MARGIN
 
 
 # --- guards -------------------------------------------------------------------------------------
