@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.platform import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
+from tests.fs_support import small_tmpfs
 from tests.integration.archive_jobs_support import (
     REDIS_URL,
     ArchiveEnv,
@@ -315,19 +315,8 @@ def test_abandon_rules(ae: ArchiveEnv) -> None:
 
 @pytest.fixture
 def tmpfs_volume(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=768k", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root/CAP_SYS_ADMIN): {proc.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "tmpfs", "768k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_disk_full_on_a_small_tmpfs(ae: ArchiveEnv, tmpfs_volume: Path) -> None:

@@ -19,6 +19,7 @@ from orbit_tasks.archive.verify import (
     verify_job_dir,
     verify_job_prefix,
 )
+from tests.fs_support import small_tmpfs as mount_small_tmpfs
 from tests.unit.archive_chain_helpers import JOB, NS, Chain, build_chain, rid, with_expect
 
 
@@ -123,8 +124,7 @@ def test_remove_file_if_unconfirmed_is_inode_fenced(tmp_path: Path) -> None:
 
 def test_zcat_reads_a_batch(tmp_path: Path) -> None:
     zcat = shutil.which("zcat")
-    if zcat is None:
-        pytest.skip("zcat is not installed on this machine")
+    assert zcat is not None, "zcat (Debian's essential gzip package) must be on the machine"
     chain = build_chain()
     _write_chain(tmp_path, chain)
     out = subprocess.run(
@@ -136,22 +136,8 @@ def test_zcat_reads_a_batch(tmp_path: Path) -> None:
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    try:
-        res = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-            capture_output=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot run mount ({type(exc).__name__}); ENOSPC test needs a small tmpfs")
-    if res.returncode != 0:
-        pytest.skip("mounting a 64 KiB tmpfs is not permitted here (needs root/CAP_SYS_ADMIN)")
-    try:
+    with mount_small_tmpfs(tmp_path / "small", "64k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
 
 
 def test_disk_full_raises_and_leaves_no_partial_file(small_tmpfs: Path) -> None:

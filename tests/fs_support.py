@@ -1,0 +1,33 @@
+"""Real filesystems for fault tests: a small tmpfs to provoke ENOSPC.
+
+Mounting needs root (CAP_SYS_ADMIN). CI and the dev machines run as root, so there a failed
+mount is a test failure, never a silent skip; only a non-root developer gets a skip (with why).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+@contextmanager
+def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN); CI runs as root")
+    mnt.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, f"mount of a {size} tmpfs failed as root: {proc.stderr.strip()}"
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
