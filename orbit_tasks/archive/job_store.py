@@ -79,9 +79,7 @@ def claim(engine: Engine, ns_id: bytes, job_id: bytes, lease_seconds: int) -> Cl
         if job is None or not claimable(job.state, job.lease_until, now):
             return None
         lease_id = random_id()
-        cond = [_key(ns_id, job_id), J.c.state == job.state.value, J.c.revision == job.revision]
-        if job.state is JobState.RUNNING:
-            cond.append(J.c.lease_until < now)
+        cond = _as_seen(job, now)
         result = conn.execute(
             update(J)
             .where(*cond)
@@ -98,6 +96,16 @@ def claim(engine: Engine, ns_id: bytes, job_id: bytes, lease_seconds: int) -> Cl
             return None
         after = require_job(conn, ns_id, job_id)
     return Claim(after, lease_id, is_takeover(job.state), now)
+
+
+def _as_seen(job: Job, now: datetime) -> list[Any]:
+    """Compare-and-set on the row as read: same state and revision, and for RUNNING an expired
+    lease (``lease_until < now``) — the condition of a claim or a manual change."""
+    cond = [_key(job.namespace_id, job.id), J.c.state == job.state.value]
+    cond.append(J.c.revision == job.revision)
+    if job.state is JobState.RUNNING:
+        cond.append(J.c.lease_until < now)
+    return cond
 
 
 def _fence(c: Claim) -> list[Any]:
@@ -247,7 +255,7 @@ def retry(
         now = db_now(conn)
         result = conn.execute(
             update(J)
-            .where(_key(ns_id, job_id), J.c.state == job.state.value, J.c.revision == job.revision)
+            .where(*_as_seen(job, now))
             .values(
                 state=JobState.PENDING.value,
                 error_code="",
@@ -292,9 +300,7 @@ def abandon(
         check_expected_revision(job.revision, expect_revision)
         now = db_now(conn)
         check_abandon(job.state, job.lease_until, now)
-        cond = [_key(ns_id, job_id), J.c.state == job.state.value, J.c.revision == job.revision]
-        if job.state is JobState.RUNNING:
-            cond.append(J.c.lease_until < now)
+        cond = _as_seen(job, now)
         result = conn.execute(
             update(J)
             .where(*cond)

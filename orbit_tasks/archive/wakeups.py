@@ -8,7 +8,6 @@ No ETA/countdown: the database holds time.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,19 +24,9 @@ def queue_name(storage_id: bytes) -> str:
     return QUEUE_PREFIX + storage_id.hex()
 
 
-def ensure_filesystem_broker(app: Any) -> None:
-    """The embedded ``filesystem://`` broker needs its folders to exist before a publish."""
-    if not str(app.conf.broker_url or "").startswith("filesystem://"):
-        return
-    options = app.conf.broker_transport_options or {}
-    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
-        if options.get(key):
-            os.makedirs(options[key], exist_ok=True)
-
-
 def make_publisher(app: Any) -> Publisher:
-    """A publisher bound to the Celery ``app`` (tests use an app on their own broker)."""
-    ensure_filesystem_broker(app)
+    """A publisher bound to the Celery ``app`` (tests use an app on their own broker). The
+    filesystem broker's folders are created by ``celeryconfig`` when the app is configured."""
 
     def publish(storage_id: bytes, namespace_id: bytes, job_id: bytes) -> None:
         app.send_task(
