@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from orbit_tasks.api import receipts
 from orbit_tasks.api.receipts import ApiProblem
 from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.faults import driver_code, is_lock_conflict
 from orbit_tasks.db.history_tables import idempotency_records, tasks
 from orbit_tasks.db.platform_tables import namespaces, queues
 from orbit_tasks.ids import from_hex, is_hex_id, new_id
@@ -27,7 +28,6 @@ from orbit_tasks.platform.store import Credential, insert_audit, lookup_credenti
 log = logging.getLogger("orbit_tasks.api")
 
 # MySQL/MariaDB: deadlock, lock wait timeout. Retried a few times, then 503.
-_RETRYABLE_DB_CODES = {1213, 1205}
 _ATTEMPTS = 5
 
 
@@ -188,11 +188,6 @@ def _accept(
     return Outcome(201, receipt, task_id.hex())
 
 
-def _db_code(exc: OperationalError) -> int | None:
-    args = getattr(exc.orig, "args", None)
-    return args[0] if args and isinstance(args[0], int) else None
-
-
 def submit_task(
     engine: Engine, token: str, ns_ref: str, queue_ref: str, key_header: str | None, raw: bytes
 ) -> Outcome:
@@ -218,9 +213,9 @@ def submit_task(
                 log_action(log, "api.task.raced", namespace_id=ns_id, attempt=attempt)
                 continue  # another request with this key committed first: read it back
             except OperationalError as exc:
-                if _db_code(exc) not in _RETRYABLE_DB_CODES:
+                if not is_lock_conflict(exc):
                     raise
-                log_action(log, "api.task.retry", namespace_id=ns_id, code=_db_code(exc))
+                log_action(log, "api.task.retry", namespace_id=ns_id, code=driver_code(exc))
                 continue
         log_action(
             log,

@@ -13,6 +13,7 @@ from typing import Any
 import click
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from orbit_tasks.db.faults import LOCK_CONFLICT_CODES
 from orbit_tasks.errors import InvalidInput, OrbitError
 from orbit_tasks.units import parse_duration, parse_size
 
@@ -47,7 +48,7 @@ def describe_operational_error(exc: OperationalError) -> str:
             return f"database unavailable (driver code {code})"
         if code == 4025:
             return "database refused the change: a CHECK constraint failed (driver code 4025)"
-        if code in (1205, 1213):
+        if code in LOCK_CONFLICT_CODES:
             return f"database busy (lock wait or deadlock, driver code {code}); retry"
         return f"database error (driver code {code})"
     text = str(code or "")

@@ -31,6 +31,14 @@ TRANSIENT_SERVER_CODES = frozenset(
 )  # fmt: skip
 
 
+# Lock conflicts: the transaction lost a race, running it again right away usually succeeds.
+LOCK_CONFLICT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and driver_code(exc) in LOCK_CONFLICT_CODES
+
+
 def driver_code(exc: BaseException) -> Any:
     """The DB-API error's first argument (the MySQL error number), or None."""
     args = getattr(getattr(exc, "orig", None), "args", None)

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.faults import is_lock_conflict
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
@@ -29,7 +30,6 @@ SWEEP_LIMIT = 500
 # credential can claim), so once per interval per process is enough and keeps big backlogs cheap.
 SWEEP_INTERVAL_SECONDS = 30.0
 QUEUE_SCAN_SECONDS = 10.0  # how often the namespace's queues with outbox rows are re-read
-_RETRYABLE_DB_ERRORS = (1205, 1213)  # lock wait timeout, deadlock
 T = TypeVar("T")
 Clock = Callable[[Connection], dt.datetime]
 
@@ -70,8 +70,7 @@ def _with_db_retry(engine: Engine, fn: Callable[[Connection], T], attempts: int 
             with engine.begin() as conn:
                 return fn(conn)
         except OperationalError as exc:
-            code = getattr(exc.orig, "args", [None])[0]
-            if code not in _RETRYABLE_DB_ERRORS or attempt == attempts - 1:
+            if not is_lock_conflict(exc) or attempt == attempts - 1:
                 raise
             time.sleep(0.01 * (attempt + 1))
     raise AssertionError("unreachable")
