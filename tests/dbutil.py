@@ -13,9 +13,16 @@ from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import upgrade
 
 MARIADB_SERVER_URL = os.environ.get("ORBIT_TEST_MARIADB_URL", "mysql+mysqldb://root@127.0.0.1:3306")
-REDIS_TEST_URL = os.environ.get(
-    "ORBIT_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{os.environ.get('ORBIT_TEST_REDIS_DB', '1')}"
-)
+# The Redis server the tests use (one per concurrent test run: the suites flush their databases).
+REDIS_SERVER = os.environ.get("ORBIT_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+
+
+def redis_url(db: int) -> str:
+    """URL of database ``db`` on the test Redis server."""
+    return f"{REDIS_SERVER}/{db}"
+
+
+REDIS_TEST_URL = redis_url(1)
 
 
 def server_engine() -> Engine:

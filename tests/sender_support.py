@@ -26,10 +26,10 @@ from orbit_tasks.sender import enqueue
 from orbit_tasks.sender.client import PlatformClient
 from orbit_tasks.sender.relay import Clock, Relay
 from tests.api_server import ApiServer, running_api_server
-from tests.dbutil import mariadb_database, migrated_engine
+from tests.dbutil import mariadb_database, migrated_engine, redis_url
 
 SENDER_REDIS_DB = 3
-REDIS_URL = f"redis://127.0.0.1:6379/{SENDER_REDIS_DB}"
+REDIS_URL = redis_url(SENDER_REDIS_DB)
 
 
 @dataclass

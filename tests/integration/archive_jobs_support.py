@@ -30,10 +30,11 @@ from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import generator, store
 from orbit_tasks.settings import Settings, load_settings
+from tests.dbutil import redis_url
 
 REPO = Path(__file__).resolve().parents[2]
 ORBIT = str(REPO / ".venv" / "bin" / "orbit")
-REDIS_URL = "redis://127.0.0.1:6379/2"
+REDIS_URL = redis_url(2)
 LEASE = 6
 SLICE = 2
 MiB = 1024 * 1024

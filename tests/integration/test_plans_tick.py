@@ -28,10 +28,10 @@ from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevisi
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import Settings, load_settings
-from tests.dbutil import migrated_engine
+from tests.dbutil import migrated_engine, redis_url
 
 REPO = Path(__file__).resolve().parents[2]
-REDIS_URL = "redis://127.0.0.1:6379/2"
+REDIS_URL = redis_url(2)
 MIB = 1024**2
 GIB = 1024**3
 DAY = 86400
