@@ -43,6 +43,7 @@ from orbit_tasks.archive.volume import (
     remove_file_if_unconfirmed,
     store_job_file,
 )
+from orbit_tasks.archive.wakeups import Publisher
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
@@ -51,8 +52,6 @@ from orbit_tasks.platform.history import history_kind
 from orbit_tasks.settings import Settings
 
 log = logging.getLogger("orbit.archive.runner")
-
-Publisher = Callable[[bytes, bytes, bytes], None]
 
 
 @dataclass(frozen=True)
@@ -177,7 +176,7 @@ def _publish_continuation(job: Job, publish: Publisher | None) -> None:
 
         publish = publish_wakeup
     try:
-        publish(job.storage_id, job.namespace_id, job.id)
+        publish(job.storage_id, job.namespace_id, job.id, kind=job.kind)
     except Exception as exc:  # broker down: the next tick's sweep finds the PENDING job
         log_action(
             log,

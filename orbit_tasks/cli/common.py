@@ -78,6 +78,24 @@ def emit(data: Any, as_json: bool, human: Callable[[Any], str] | str | None = No
         click.echo(human)
 
 
+def emit_list(
+    items: list[dict[str, Any]],
+    as_json: bool,
+    columns: list[str],
+    *,
+    next_cursor: str | None = None,
+) -> None:
+    """Every list command prints one shape (docs/cli.md): with ``--json`` the object
+    ``{"items": [...], "next": cursor-or-null}``; for people a table, then the next-page hint
+    when the list was cut."""
+    if as_json:
+        emit({"items": items, "next": next_cursor}, True)
+        return
+    emit_table(items, columns)
+    if next_cursor is not None:
+        click.echo(f"more: next page with --after {next_cursor}")
+
+
 def emit_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     """A plain aligned table for people (``--json`` prints the rows instead)."""
     if not rows:

@@ -199,7 +199,7 @@ def _wake(j: Job) -> None:
     try:
         from orbit_tasks.archive.wakeups import publish_wakeup
 
-        publish_wakeup(j.storage_id, j.namespace_id, j.id)
+        publish_wakeup(j.storage_id, j.namespace_id, j.id, kind=j.kind)
     except Exception as exc:  # broker unavailable
         log_action(log, "archive.job.wakeup_failed", logging.WARNING, error=type(exc).__name__)
 

@@ -50,8 +50,8 @@ class ArchiveEnv:
     app: Celery
     workers: list[Worker] = field(default_factory=list)
 
-    def publish(self, storage_id: bytes, ns_id: bytes, job_id: bytes) -> None:
-        make_publisher(self.app)(storage_id, ns_id, job_id)
+    def publish(self, storage_id: bytes, ns_id: bytes, job_id: bytes, *, kind: str = "") -> None:
+        make_publisher(self.app)(storage_id, ns_id, job_id, kind=kind)
 
     def tick(self) -> TickReport:
         return run_tick(self.engine, self.settings, publish=make_publisher(self.app))

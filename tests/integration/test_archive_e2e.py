@@ -79,7 +79,7 @@ def test_time_slice_releases_and_continues(
                 {sid.hex(): vol},
                 settings,
                 engine=platform_engine,
-                publish=lambda s, n, j: published.append(j),
+                publish=lambda s, n, j, **_: published.append(j),
             )
             outcomes.append(out)
             if out != "released":
