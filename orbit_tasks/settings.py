@@ -124,6 +124,10 @@ def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str 
     return raw
 
 
+def _printable_ascii(text: str) -> bool:
+    return all(0x21 <= ord(c) <= 0x7E for c in text)
+
+
 def _basic_auth(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     """``user:password[,user:password]``. Messages name the entry and its user, never a password."""
     raw = env.get(name) or ""
@@ -132,15 +136,22 @@ def _basic_auth(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     entries = []
     for index, entry in enumerate(raw.split(","), start=1):
         user, sep, password = entry.strip().partition(":")
-        if not sep or not 1 <= len(user) <= 64 or ":" in user or not user.isprintable():
+        if not sep or not 1 <= len(user) <= 64 or ":" in user or not _printable_ascii(user):
             raise InvalidInput(
-                f"{name} entry {index} is not user:password (user 1..64 printable characters "
-                "without ':' or ',')"
+                f"{name} entry {index} is not user:password (user 1..64 printable ASCII "
+                "characters without ':' or ',')"
             )
         if not 8 <= len(password) <= 256:
             raise InvalidInput(
                 f"{name} entry {index} (user {user!r}): password length {len(password)} is out "
                 "of range (allowed 8..256 characters, no ',')"
+            )
+        if not _printable_ascii(password):
+            # Flower compares credentials with hmac.compare_digest on str, which raises on
+            # non-ASCII text: every login would answer 500 instead of 200/401.
+            raise InvalidInput(
+                f"{name} entry {index} (user {user!r}): the password must be printable ASCII "
+                "(allowed: characters 0x21..0x7e except ',')"
             )
         entries.append(f"{user}:{password}")
     return tuple(entries)

@@ -40,11 +40,14 @@ def test_basic_auth_setting_never_echoes_a_password() -> None:
         ("ops:short", "entry 1 (user 'ops'): password length 5"),
         ("ops:correct-horse,nopassword", "entry 2 is not user:password"),
         (":correct-horse", "entry 1 is not user:password"),
+        ("ops:short-😀-password", "entry 1 (user 'ops'): the password must be printable ASCII"),
+        ("ops:with space inside", "entry 1 (user 'ops'): the password must be printable ASCII"),
     ]:
         with pytest.raises(InvalidInput) as err:
             load_settings({"ORBIT_FLOWER_BASIC_AUTH": raw})
         assert fragment in str(err.value)
-        assert "short" not in str(err.value) and "correct-horse" not in str(err.value)
+        for secret in ("short", "correct-horse", "😀", "space"):
+            assert secret not in str(err.value)
 
 
 def test_history_holds_a_day_of_ticks_and_archive_tasks() -> None:
