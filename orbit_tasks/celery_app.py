@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, setup_logging, worker_process_init
+from celery.signals import celeryd_after_setup, celeryd_init, setup_logging, worker_process_init
 
 TASK_MODULES = ["orbit_tasks.archive.tasks", "orbit_tasks.sender.tasks"]
 
@@ -38,6 +38,13 @@ def _fresh_connections_in_child(**_: Any) -> None:
     from orbit_tasks.db.registry import dispose_all_for_fork
 
     dispose_all_for_fork()
+
+
+@celeryd_init.connect
+def _log_configuration_before_start(options: dict[str, Any] | None = None, **_: Any) -> None:
+    """The worker warns (e.g. Celery's SecurityWarning when run as root) before it sets up
+    logging; configure first so that those lines are in the chosen format too."""
+    _one_log_configuration((options or {}).get("loglevel"))
 
 
 @setup_logging.connect
