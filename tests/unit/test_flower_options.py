@@ -58,3 +58,39 @@ def test_history_holds_a_day_of_ticks_and_archive_tasks() -> None:
     assert task_history_size(3600, 3600) == 60_000
     with pytest.raises(ValueError):
         task_history_size(0, 60)
+
+
+def _day_of_tasks(sender_tick: int, archive_tick: int, archive_tasks: int) -> list[tuple[str, str]]:
+    """(uuid, task name) in the order one day sends them: an archive task first, then sender
+    ticks each with a relay, archive ticks, and the rest of the archive tasks spread over it."""
+    import uuid
+
+    day: list[tuple[float, str]] = [(0.0, "orbit.archive.run_job")]
+    day += [(t + 0.1, "orbit.sender.tick") for t in range(0, 86_400, sender_tick)]
+    day += [(t + 0.2, "orbit.sender.relay") for t in range(0, 86_400, sender_tick)]
+    day += [(t + 0.3, "orbit.archive.tick") for t in range(0, 86_400, archive_tick)]
+    step = 86_400 / archive_tasks
+    day += [(1 + i * step, "orbit.archive.run_job") for i in range(archive_tasks - 1)]
+    return [(str(uuid.uuid4()), name) for _, name in sorted(day)]
+
+
+@pytest.mark.parametrize("slack", [0, -1])
+def test_history_size_keeps_the_days_first_archive_task_in_celerys_lru(slack: int) -> None:
+    """Celery's events State (Flower's task store, an LRU) sized by task_history_size still
+    holds the first archive task of a day after a whole day of ticks; one slot less than the
+    day's tasks drops it (so the check can fail)."""
+    from celery.events.state import State
+
+    sender_tick, archive_tick, archive_tasks = 60, 600, 1_000
+    day = _day_of_tasks(sender_tick, archive_tick, archive_tasks)
+    size = task_history_size(sender_tick, archive_tick, archive_tasks)
+    assert size >= len(day)
+    state = State(max_tasks_in_memory=size if slack == 0 else len(day) + slack)
+    for clock, (task_id, name) in enumerate(day):
+        for kind in ("task-received", "task-started", "task-succeeded"):
+            state.event(
+                {"type": kind, "uuid": task_id, "name": name, "hostname": "w@h",
+                 "timestamp": float(clock), "clock": clock, "local_received": float(clock)}
+            )  # fmt: skip
+    first_archive_task = day[0][0]
+    assert (first_archive_task in state.tasks) is (slack == 0)
