@@ -41,7 +41,10 @@ bench: install services
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
-## Validate compose/docker-compose.yml offline (installs Debian's docker-compose if missing).
+## Validate compose/docker-compose.yml offline with both database profiles and the example env
+## file (installs Debian's docker-compose if missing).
 compose-check:
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)
-	docker-compose -f compose/docker-compose.yml config -q && echo "compose: valid"
+	COMPOSE_PROFILES=mysql docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
+	COMPOSE_PROFILES=mariadb docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
+	@echo "compose: valid"

@@ -7,12 +7,13 @@ losses are harmless. Task modules register themselves via ``include``.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import celeryd_after_setup, celeryd_init, setup_logging, worker_process_init
 
 TASK_MODULES = ["orbit_tasks.archive.tasks", "orbit_tasks.sender.tasks"]
 
@@ -37,3 +38,43 @@ def _fresh_connections_in_child(**_: Any) -> None:
     from orbit_tasks.db.registry import dispose_all_for_fork
 
     dispose_all_for_fork()
+
+
+@celeryd_init.connect
+def _log_configuration_before_start(options: dict[str, Any] | None = None, **_: Any) -> None:
+    """The worker warns (e.g. Celery's SecurityWarning when run as root) before it sets up
+    logging; configure first so that those lines are in the chosen format too."""
+    _one_log_configuration((options or {}).get("loglevel"))
+
+
+@setup_logging.connect
+def _one_log_configuration(loglevel: int | str | None = None, **_: Any) -> None:
+    """Workers (and their forked pool children) and beat log through the project's one handler
+    (SPEC §12 "Logs"): ``ORBIT_LOG_FORMAT`` text or json, Celery's records included. Connecting
+    this signal tells Celery not to configure logging itself. ``ORBIT_LOG_LEVEL``, when set,
+    wins over ``-l``."""
+    from orbit_tasks.logs import configure_from_settings
+
+    if isinstance(loglevel, int):
+        default = logging.getLevelName(loglevel)
+    else:
+        default = str(loglevel or "INFO").upper()
+    configure_from_settings(default)
+
+
+@celeryd_after_setup.connect
+def _log_worker_queues(sender: str, instance: Any, **_: Any) -> None:
+    """What the banner shows, as one structured record (json mode starts celery with ``-q``)."""
+    from orbit_tasks.logs import log_action
+
+    try:
+        queues = sorted(instance.app.amqp.queues.consume_from)
+    except AttributeError:  # pragma: no cover - older celery layouts
+        queues = []
+    log_action(
+        logging.getLogger("orbit.worker"),
+        "worker.started",
+        hostname=sender,
+        queues=queues,
+        concurrency=instance.concurrency,
+    )

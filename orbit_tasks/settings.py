@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orbit_tasks.errors import InvalidInput
+from orbit_tasks.logs import LOG_FORMATS, LOG_LEVELS
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class Settings:
     tick_seconds: int
     sender_tick_seconds: int
     actor: str
+    # SPEC §12 "Logs": text|json; None = the process's own default (WARNING for one-shot CLI
+    # commands, INFO for workers, beat, the API and Flower).
+    log_format: str = "text"
+    log_level: str | None = None
+    # SPEC §12 "Flower": ``user:password`` entries; kept out of repr so it is never printed.
+    flower_basic_auth: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -102,7 +109,52 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         tick_seconds=_int(env, "ORBIT_TICK_SECONDS", 60, 1, 3600),
         sender_tick_seconds=_int(env, "ORBIT_SENDER_TICK_SECONDS", 2, 1, 3600),
         actor=env.get("ORBIT_ACTOR") or env.get("USER") or "operator",
+        log_format=(_choice(env, "ORBIT_LOG_FORMAT", LOG_FORMATS) or "text").lower(),
+        log_level=(_choice(env, "ORBIT_LOG_LEVEL", LOG_LEVELS) or "").upper() or None,
+        flower_basic_auth=_basic_auth(env, "ORBIT_FLOWER_BASIC_AUTH"),
     )
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() not in {a.lower() for a in allowed}:
+        raise InvalidInput(f"{name}={raw!r} is not allowed (allowed {', '.join(allowed)})")
+    return raw
+
+
+def _printable_ascii(text: str) -> bool:
+    return all(0x21 <= ord(c) <= 0x7E for c in text)
+
+
+def _basic_auth(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """``user:password[,user:password]``. Messages name the entry and its user, never a password."""
+    raw = env.get(name) or ""
+    if not raw.strip():
+        return ()
+    entries = []
+    for index, entry in enumerate(raw.split(","), start=1):
+        user, sep, password = entry.strip().partition(":")
+        if not sep or not 1 <= len(user) <= 64 or ":" in user or not _printable_ascii(user):
+            raise InvalidInput(
+                f"{name} entry {index} is not user:password (user 1..64 printable ASCII "
+                "characters without ':' or ',')"
+            )
+        if not 8 <= len(password) <= 256:
+            raise InvalidInput(
+                f"{name} entry {index} (user {user!r}): password length {len(password)} is out "
+                "of range (allowed 8..256 characters, no ',')"
+            )
+        if not _printable_ascii(password):
+            # Flower compares credentials with hmac.compare_digest on str, which raises on
+            # non-ASCII text: every login would answer 500 instead of 200/401.
+            raise InvalidInput(
+                f"{name} entry {index} (user {user!r}): the password must be printable ASCII "
+                "(allowed: characters 0x21..0x7e except ',')"
+            )
+        entries.append(f"{user}:{password}")
+    return tuple(entries)
 
 
 @functools.cache

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh Debian machine: system packages for mysqlclient,
-# a virtualenv in .venv, and the project with its dev extras. Idempotent and quiet when done.
+# chromium (headless, for the test that renders Flower's workers page), a virtualenv in .venv,
+# and the project with its dev extras. Idempotent and quiet when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in libmariadb-dev pkg-config gcc; do
+for pkg in libmariadb-dev pkg-config gcc chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
@@ -16,7 +17,8 @@ if ((${#missing[@]})); then
   echo "bootstrap: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Another process may hold the dpkg lock for a while: wait for it instead of failing.
+  apt-get install -y -qq -o DPkg::Lock::Timeout=300 "${missing[@]}" >/dev/null
 fi
 
 stamp=.venv/.installed

@@ -12,7 +12,6 @@ import os
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_init
 
 from orbit_tasks.celery_app import app
 from orbit_tasks.logs import log_action
@@ -20,21 +19,6 @@ from orbit_tasks.logs import log_action
 log = logging.getLogger("orbit.archive.tasks")
 
 VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
-
-
-@worker_init.connect
-def _structured_logs(**_: Any) -> None:
-    """celeryconfig leaves the root logger alone; make the project's action logs visible in
-    the worker's output (level from ``ORBIT_LOG_LEVEL``, default INFO). Pool children inherit."""
-    for name in ("orbit", "orbit_tasks"):
-        logger = logging.getLogger(name)
-        if logger.handlers:
-            continue
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(os.environ.get("ORBIT_LOG_LEVEL", "INFO").upper())
-        logger.propagate = False
 
 
 @app.task(name="orbit.archive.tick", ignore_result=True)

@@ -7,6 +7,7 @@ import logging
 import click
 
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.logs import configure_from_settings
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 
@@ -41,9 +42,18 @@ def serve(host: str, port: int, log_level: str) -> None:
 
     from orbit_tasks.api.app import create_app
 
-    logging.getLogger("orbit_tasks").setLevel(log_level.upper())
+    # uvicorn's loggers go through the one root handler (text or json, SPEC §12 "Logs");
+    # ORBIT_LOG_LEVEL, when set, wins over --log-level.
+    configure_from_settings(log_level.upper())
     app = create_app(platform_engine())
-    uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=logging.getLogger().level,
+        log_config=None,
+        server_header=False,
+    )
 
 
 def register(cli: click.Group) -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import logging
-import os
 
 import click
 
 from orbit_tasks import __version__
 from orbit_tasks.cli.common import OrbitGroup
+from orbit_tasks.logs import configure_from_settings
 
 # One module per command group; each has ``register(cli)``.
 COMMAND_MODULES = [
@@ -27,6 +26,7 @@ COMMAND_MODULES = [
     "job",
     "worker",
     "demo",
+    "flower",
 ]
 
 
@@ -34,10 +34,9 @@ COMMAND_MODULES = [
 @click.version_option(__version__, prog_name="orbit")
 def cli() -> None:
     """Operate the Orbit archive and outbox sender (SPEC §9)."""
-    logging.basicConfig(
-        level=os.environ.get("ORBIT_LOG_LEVEL", "WARNING").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    # One-shot commands log warnings and errors only unless ORBIT_LOG_LEVEL says otherwise;
+    # long-running ones (api serve, flower) reconfigure with their own default (SPEC §12).
+    configure_from_settings("WARNING")
 
 
 for _name in COMMAND_MODULES:

@@ -32,7 +32,9 @@ VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
 
 
 def _celery(*args: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "orbit_tasks.celery_app", *args]
+    # json logs: no banner on stdout (SPEC §12, one JSON object per line); celery_app logs it.
+    quiet = ["-q"] if get_settings().log_format == "json" else []
+    return [sys.executable, "-m", "celery", "-A", "orbit_tasks.celery_app", *quiet, *args]
 
 
 def _worker_argv(

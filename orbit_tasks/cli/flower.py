@@ -1,0 +1,111 @@
+"""``orbit flower``: Flower on the project's Celery app, with basic auth (SPEC §12 "Flower").
+
+Runs Flower in this process (not ``celery flower``), so that the credentials from
+``ORBIT_FLOWER_BASIC_AUTH`` never appear in a command line or a log line, and Flower's and
+tornado's records go through the project's one log handler (text or json). ``FLOWER_*``
+environment options are not read: the flags below are the whole interface.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+
+from orbit_tasks.flower_options import (
+    PURGE_OFFLINE_WORKERS_SECONDS,
+    TASKS_COLUMNS,
+    require_auth,
+    task_history_size,
+)
+from orbit_tasks.logs import configure_from_settings, log_action
+from orbit_tasks.settings import get_settings
+
+log = logging.getLogger("orbit.flower")
+
+
+def _exit_on_sigterm(*_: Any) -> None:
+    sys.exit(0)
+
+
+@click.command("flower")
+@click.option("--address", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=5555, show_default=True, help="TCP port."
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Run without ORBIT_FLOWER_BASIC_AUTH; only with a loopback --address (pages only: "
+    "Flower's HTTP API stays closed without auth).",
+)
+@click.option(
+    "--max-tasks",
+    type=click.IntRange(1_000, 10_000_000),
+    default=None,
+    help="Tasks kept in memory (default: a day of sender and archive ticks plus 50,000 archive "
+    "tasks, from ORBIT_SENDER_TICK_SECONDS and ORBIT_TICK_SECONDS; 140,000 with the defaults).",
+)
+@click.option(
+    "--purge-offline-workers",
+    type=click.IntRange(60, 30 * 86_400),
+    default=PURGE_OFFLINE_WORKERS_SECONDS,
+    show_default=True,
+    help="Seconds after which an offline worker leaves the workers page.",
+)
+def flower(
+    address: str, port: int, no_auth: bool, max_tasks: int | None, purge_offline_workers: int
+) -> None:
+    """Run Flower (workers, queues, tasks) on the project's Celery app until interrupted.
+
+    Requires ORBIT_FLOWER_BASIC_AUTH=user:password[,user:password]. Flower's own /metrics and
+    /healthcheck answer without auth: bind to loopback or put Flower behind a proxy."""
+    settings = get_settings()
+    auth = require_auth(address, no_auth, len(settings.flower_basic_auth))
+    history = max_tasks or task_history_size(settings.sender_tick_seconds, settings.tick_seconds)
+    configure_from_settings("INFO")
+    # Flower logs each request at INFO; keep refusals (4xx) and errors, not every page view.
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    if not auth:
+        # With no auth this variable would open Flower's API to every origin (CORS *).
+        os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)
+
+    from flower.app import Flower
+    from flower.options import options
+    from flower.urls import settings as flower_settings
+
+    from orbit_tasks.celery_app import app as celery_app
+
+    options.address = address
+    options.port = port
+    options.basic_auth = list(settings.flower_basic_auth) if auth else []
+    options.max_tasks = history
+    options.purge_offline_workers = purge_offline_workers
+    options.tasks_columns = TASKS_COLUMNS
+    options.enable_events = True
+    flower_app = Flower(capp=celery_app, options=options, **dict(flower_settings, debug=False))
+    atexit.register(flower_app.stop)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    bound = flower_app.start_http_server()
+    log_action(
+        log,
+        "flower.started",
+        address=address,
+        port=bound,
+        auth="basic" if auth else "none",
+        users=len(settings.flower_basic_auth) if auth else 0,
+        max_tasks=history,
+        purge_offline_workers=purge_offline_workers,
+    )
+    with contextlib.suppress(KeyboardInterrupt, SystemExit):
+        flower_app.start()
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(flower)
