@@ -133,11 +133,14 @@ def set_namespace_state(conn: Connection, ns_id: bytes, state: str) -> None:
 def register_storage(conn: Connection, storage_id: bytes, label: str) -> None:
     if len(label) > 128:
         raise InvalidInput(f"label is {len(label)} characters long (allowed 0..128)")
-    if conn.execute(
-        select(archive_storages.c.storage_id).where(archive_storages.c.storage_id == storage_id)
-    ).first():
+    if storage_exists(conn, storage_id):
         return  # re-registering the same identity is a no-op
-    conn.execute(insert(archive_storages).values(storage_id=storage_id, label=label))
+    try:
+        conn.execute(insert(archive_storages).values(storage_id=storage_id, label=label))
+    except IntegrityError:
+        if storage_exists(conn, storage_id):
+            return  # another `storage init` of the same volume registered it meanwhile
+        raise
 
 
 def storage_exists(conn: Connection, storage_id: bytes) -> bool:
