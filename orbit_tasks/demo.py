@@ -29,6 +29,8 @@ from typing import Any
 
 import click
 
+from orbit_tasks.errors import InvalidInput
+
 KINDS = ("tasks", "events", "deliveries")
 ROOTS = 400
 OPERATIONS = 25
@@ -116,9 +118,7 @@ class Demo:
     # --- the story --------------------------------------------------------------------------
 
     def run(self) -> None:
-        if self.root.exists():
-            shutil.rmtree(self.root)
-        self.root.mkdir(parents=True)
+        prepare_dir(self.root)
         try:
             self.archive()
             self.sender()
@@ -274,6 +274,26 @@ def _answers(url: str) -> bool:
         return httpx.get(url + "/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+DEMO_MARKER = ".orbit-demo"
+
+
+def prepare_dir(root: Path) -> None:
+    """Empty ``root`` for a new run, but only when it is missing, empty, or made by an earlier
+    demo (it holds :data:`DEMO_MARKER`): a ``--dir`` naming anything else, a home directory or an
+    archive volume, is refused and nothing is deleted."""
+    if root.exists():
+        if not root.is_dir():
+            raise InvalidInput(f"--dir {root} is not a directory")
+        if any(root.iterdir()) and not (root / DEMO_MARKER).exists():
+            raise InvalidInput(
+                f"--dir {root} is not empty and was not made by `orbit demo` (no {DEMO_MARKER} "
+                "in it); name a new or empty directory"
+            )
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / DEMO_MARKER).write_text("made by `orbit demo`; its next run empties this directory\n")
 
 
 def run_demo(root: Path) -> None:

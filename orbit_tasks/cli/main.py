@@ -10,6 +10,9 @@ import click
 
 from orbit_tasks import __version__
 from orbit_tasks.cli.common import OrbitGroup
+from orbit_tasks.errors import InvalidInput
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # One module per command group; each has ``register(cli)``.
 COMMAND_MODULES = [
@@ -34,10 +37,12 @@ COMMAND_MODULES = [
 @click.version_option(__version__, prog_name="orbit")
 def cli() -> None:
     """Operate the Orbit archive and outbox sender (SPEC §9)."""
-    logging.basicConfig(
-        level=os.environ.get("ORBIT_LOG_LEVEL", "WARNING").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    raw = os.environ.get("ORBIT_LOG_LEVEL") or "WARNING"
+    if raw.upper() not in LOG_LEVELS:
+        raise InvalidInput(
+            f"ORBIT_LOG_LEVEL={raw!r} is not a log level (allowed {', '.join(LOG_LEVELS)})"
+        )
+    logging.basicConfig(level=raw.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
 for _name in COMMAND_MODULES:

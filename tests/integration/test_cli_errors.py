@@ -289,3 +289,33 @@ def test_schema_of_one_database_does_not_hide_the_other(sqlite_url: str, tmp_pat
     proc = run_orbit(["sender", "list"], env)
     line = assert_one_line_error(proc, 1, "`orbit sender db upgrade`")
     assert "`orbit db upgrade`" not in line
+
+
+def test_bad_log_level_is_bad_input(sqlite_url: str) -> None:
+    proc = run_orbit(["namespace", "list"], orbit_env(sqlite_url, ORBIT_LOG_LEVEL="LOUD"))
+    assert_one_line_error(proc, 2, "ORBIT_LOG_LEVEL", "'LOUD'", "DEBUG")
+
+
+def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    """``orbit demo --dir D`` empties D first: only when D is empty or an earlier demo's."""
+    precious = tmp_path / "volume"
+    precious.mkdir()
+    (precious / "keep.jsonl.gz").write_bytes(b"archived years ago")
+    proc = run_orbit(["demo", "--dir", str(precious)], orbit_env("sqlite:///unused.sqlite3"))
+    assert_one_line_error(proc, 2, str(precious), ".orbit-demo")
+    assert (precious / "keep.jsonl.gz").read_bytes() == b"archived years ago"
+
+
+def test_demo_directory_of_an_earlier_demo_is_emptied(tmp_path: Path) -> None:
+    from orbit_tasks.demo import DEMO_MARKER, prepare_dir
+
+    fresh = tmp_path / "a" / "demo"
+    prepare_dir(fresh)
+    assert sorted(os.listdir(fresh)) == [DEMO_MARKER]
+    (fresh / "platform.sqlite3").write_bytes(b"old run")
+    prepare_dir(fresh)  # an earlier demo's directory: emptied
+    assert sorted(os.listdir(fresh)) == [DEMO_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    prepare_dir(empty)
+    assert sorted(os.listdir(empty)) == [DEMO_MARKER]
