@@ -12,11 +12,14 @@ import re
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from orbit_tasks import oserrors
+from orbit_tasks.db.engine import SETTING_ATTR
 from orbit_tasks.db.faults import LOCK_CONFLICT_CODES
 from orbit_tasks.errors import OrbitError
 
 # MySQL client/server codes that mean "cannot reach or use the server", not "bad statement".
-_UNAVAILABLE_CODES = {1040, 1045, 1049, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
+_UNAVAILABLE_CODES = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
+_ACCESS_DENIED_CODES = {1044, 1045, 1698}
+_UNKNOWN_DATABASE = 1049
 _MYSQL_NO_SUCH_TABLE = 1146
 _MYSQL_TABLE = re.compile(r"Table '(?:[^'.]*\.)?([^'.]+)' doesn't exist")
 _SQLITE_TABLE = re.compile(r"no such table: (?:\w+\.)?(\w+)")
@@ -29,7 +32,9 @@ def describe_error(exc: Exception) -> tuple[str, int]:
     if isinstance(exc, OrbitError):
         return str(exc), exc.exit_code
     if isinstance(exc, DBAPIError):
-        return describe_database_error(exc), 1
+        setting = getattr(exc, SETTING_ATTR, None)
+        where = "" if setting is None else f" [{setting}]"
+        return describe_database_error(exc) + where, 1
     if isinstance(exc, NoSuchModuleError):
         return f"a database plugin cannot be loaded ({_first_line(exc)})", 1
     if isinstance(exc, ArgumentError):
@@ -68,13 +73,8 @@ def missing_table(exc: DBAPIError) -> str | None:
 def missing_table_hint(table: str) -> str:
     """Which upgrade creates ``table``: ``sender_*`` tables live in the business database."""
     if table.startswith(BUSINESS_TABLE_PREFIX):
-        return (
-            f"the business database (ORBIT_SENDER_DATABASE_URL) has no table {table}: "
-            "run `orbit sender db upgrade`"
-        )
-    return (
-        f"the platform database (ORBIT_DATABASE_URL) has no table {table}: run `orbit db upgrade`"
-    )
+        return f"the business database has no table {table}: run `orbit sender db upgrade`"
+    return f"the platform database has no table {table}: run `orbit db upgrade`"
 
 
 def describe_database_error(exc: DBAPIError) -> str:
@@ -93,6 +93,10 @@ def describe_operational_error(exc: OperationalError) -> str:
     if code is not None:
         if code in _UNAVAILABLE_CODES:
             return f"database unavailable (driver code {code})"
+        if code in _ACCESS_DENIED_CODES:
+            return f"database access denied: check the user and password (driver code {code})"
+        if code == _UNKNOWN_DATABASE:
+            return f"the database named in the URL does not exist (driver code {code})"
         if code == 4025:
             return "database refused the change: a CHECK constraint failed (driver code 4025)"
         if code in LOCK_CONFLICT_CODES:

@@ -78,17 +78,31 @@ def parse_database_url(url: str, what: str = "database URL") -> URL:
     return parsed
 
 
+# Attribute of a SQLAlchemy error raised by an engine of :func:`engine_for_setting`: the variable
+# and the URL (password hidden) of the database that failed.
+SETTING_ATTR = "orbit_setting"
+
+
 def engine_for_setting(what: str, url: str) -> Engine:
     """:func:`make_engine` for the URL held by the environment variable ``what``: a bad URL, or a
     SQLite folder that cannot be created, is one error naming the variable (SPEC §9)."""
     parse_database_url(url, what)
     try:
-        return make_engine(url)
+        engine = make_engine(url)
     except OSError as exc:  # creating the folder of a SQLite file
         message = f"{what} {redact_url(url)!r}: {exc.filename or 'folder'}: {oserrors.reason(exc)}"
         if oserrors.is_path_error(exc):
             raise InvalidInput(message) from None
         raise OrbitError(message) from None
+    setting = f"{what} {redact_url(url)!r}"
+
+    @event.listens_for(engine, "handle_error")
+    def _name_the_setting(context: Any) -> None:
+        # Lets an operator message say which database failed (cli/errors.py, SETTING_ATTR).
+        if context.sqlalchemy_exception is not None:
+            setattr(context.sqlalchemy_exception, SETTING_ATTR, setting)
+
+    return engine
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:

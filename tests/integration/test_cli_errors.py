@@ -56,6 +56,8 @@ BAD_URLS = [
     ("mysql://root@127.0.0.1:99999/orbit", 2, ["99999", "1..65535"], None),
     ("mysql://root@127.0.0.1:3306", 2, ["no database"], None),
     ("sqlite+nosuchdriver:///x.sqlite3", 2, ["'nosuchdriver'"], None),
+    ("mysql://root@127.0.0.1:3306/orbit_no_such_db", 1, ["does not exist", "1049"], None),
+    ("mysql://nobody:wrong@127.0.0.1:3306/orbit", 1, ["access denied"], "wrong"),
     ("sqlite:////proc/orbit-no-such-dir/platform.sqlite3", 2, ["/proc/orbit-no-such-dir"], None),
 ]
 
