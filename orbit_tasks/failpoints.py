@@ -14,7 +14,8 @@ Actions:
 Names used by the archive runner: ``archive.after_claim``, ``archive.after_file_write`` (durably
 written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``. Durable
 writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and synced),
-``volume.before_dir_fsync`` (name published). ``orbit storage init``:
+``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced removal
+has renamed the name aside). ``orbit storage init``:
 ``storage.init.before_commit`` (identity file durable, registry row not committed).
 """
 

@@ -367,11 +367,17 @@ def remove_file_if_unconfirmed(
             os.rename(final, aside)
         except FileNotFoundError:
             return False
-        removed = os.stat(aside).st_ino == inode
-        if not removed:
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, final)  # someone else's file: put it back, never replace
-        os.unlink(aside)
+        removed = False
+        try:
+            failpoints.hit("volume.after_aside")
+            removed = os.stat(aside).st_ino == inode
+        finally:
+            if not removed:
+                # Someone else's file, or we could not tell: put it back, never replace. A
+                # `.tmp-` name is what the next claim's cleanup deletes.
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, final)
+            os.unlink(aside)
         fsync_dir(directory)
         return removed
     except OSError as exc:

@@ -133,3 +133,21 @@ def test_chain_file_on_a_read_only_disk_leaves_nothing(read_only: Path) -> None:
     with pytest.raises(vol.ArchiveIOError, match="EROFS"):
         vol.store_job_file(read_only / "job", name, data)
     assert _tree(read_only) == []
+
+
+# --------------------------------------------------------------------------- inode-fenced removal
+
+
+def test_removal_that_fails_after_setting_the_name_aside_puts_the_file_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale writer's removal renames the name to a ``.tmp-`` name before it checks the inode.
+    If anything fails there, the file (maybe the live owner's, maybe confirmed) must be back
+    under its name: a ``.tmp-`` name is what the next claim's cleanup deletes."""
+    name, data = _blob(1)
+    stored = vol.store_job_file(tmp_path / "job", name, data)
+    monkeypatch.setenv(FAILPOINTS, "volume.after_aside=oserror:EIO")
+    with pytest.raises(vol.ArchiveIOError, match="EIO"):
+        vol.remove_file_if_unconfirmed(tmp_path / "job", name, (), inode=stored.inode + 1)
+    assert os.listdir(tmp_path / "job") == [name]
+    assert (tmp_path / "job" / name).read_bytes() == data
