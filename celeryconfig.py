@@ -1,17 +1,19 @@
 """Deployable Celery settings, read from the environment through orbit_tasks' one Settings object.
 
-SPEC §7 / DEVELOPERS.md: explicit queue lists per worker, prefetch 1, late acks, results ignored,
-time limits below the lease, task events on for Flower, no ETA/countdown (the database holds time).
+SPEC §7: explicit queue lists per worker, prefetch 1, late acks, results ignored, time limits
+below the lease, task events on for Flower, no ETA/countdown (the database holds time).
+
+Celery takes every public name of this module as a setting (``celery inspect conf`` shows them),
+so everything that is not a setting is private: imports under ``_`` aliases, no ``__future__``
+import (it would bind ``annotations``). tests/integration/test_celery_conf.py checks it.
 """
 
-from __future__ import annotations
+from datetime import timedelta as _timedelta
+from pathlib import Path as _Path
 
-from datetime import timedelta
-from pathlib import Path
+from orbit_tasks.settings import get_settings as _get_settings
 
-from orbit_tasks.settings import get_settings
-
-_settings = get_settings()
+_settings = _get_settings()
 
 broker_url = _settings.broker_url
 if _settings.broker_is_filesystem:
@@ -27,7 +29,7 @@ if _settings.broker_is_filesystem:
     # kombu does not create these folders itself; a worker or publisher would crash on the first
     # message of a fresh checkout.
     for _key in ("data_folder_in", "processed_folder", "control_folder"):
-        Path(str(broker_transport_options[_key])).mkdir(parents=True, exist_ok=True)
+        _Path(str(broker_transport_options[_key])).mkdir(parents=True, exist_ok=True)
 else:
     # Redis redelivers an unacked message after this; it must exceed the longest task run.
     broker_transport_options = {"visibility_timeout": 2 * _settings.archive_lease_seconds + 60}
@@ -64,12 +66,12 @@ task_routes = {
 beat_schedule = {
     "orbit-archive-tick": {
         "task": "orbit.archive.tick",
-        "schedule": timedelta(seconds=_settings.tick_seconds),
+        "schedule": _timedelta(seconds=_settings.tick_seconds),
         "options": {"queue": "orbit.control", "expires": max(1, _settings.tick_seconds - 5)},
     },
     "orbit-sender-tick": {
         "task": "orbit.sender.tick",
-        "schedule": timedelta(seconds=_settings.sender_tick_seconds),
+        "schedule": _timedelta(seconds=_settings.sender_tick_seconds),
         "options": {
             "queue": "orbit.sender",
             "expires": max(1.0, _settings.sender_tick_seconds * 0.9),

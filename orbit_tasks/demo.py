@@ -29,6 +29,8 @@ from typing import Any
 
 import click
 
+from orbit_tasks.errors import InvalidInput
+
 KINDS = ("tasks", "events", "deliveries")
 ROOTS = 400
 OPERATIONS = 25
@@ -72,9 +74,7 @@ class Demo:
         click.echo(f"  $ orbit {' '.join(args)}")
         out = done.stdout.strip()
         if "--json" in args:
-            if "\n" in out and not out.startswith("["):
-                return [json.loads(line) for line in out.splitlines() if line.strip()]
-            return json.loads(out) if out else None
+            return json.loads(out)  # one JSON document (docs/cli.md)
         for line in out.splitlines()[:6]:
             click.echo(f"    {line}")
         return out
@@ -118,9 +118,7 @@ class Demo:
     # --- the story --------------------------------------------------------------------------
 
     def run(self) -> None:
-        if self.root.exists():
-            shutil.rmtree(self.root)
-        self.root.mkdir(parents=True)
+        prepare_dir(self.root)
         try:
             self.archive()
             self.sender()
@@ -135,7 +133,7 @@ class Demo:
         self.orbit("namespace", "create", "acme", "--json")
         volume = self.root / "volume-a"
         storage = self.orbit("storage", "init", str(volume), "--label", "demo-a", "--json")
-        storage_id = storage.get("storage_id") or storage["id"]
+        storage_id = storage["id"]
         self.orbit("queue", "create", "acme", "billing")
         for kind in KINDS:
             self.orbit(
@@ -183,7 +181,7 @@ class Demo:
         )
 
         def all_done() -> bool:
-            jobs = self.orbit_quiet("job", "list", "acme", "--json")
+            jobs = self.items("job", "list", "acme")
             states = [j["state"] for j in jobs]
             if any(s == "FAILED" for s in states):
                 raise click.ClickException(f"a demo job failed: {jobs}")
@@ -191,17 +189,15 @@ class Demo:
 
         self.wait_for("archive jobs to succeed", all_done)
         self.stop_all()
-        for job in self.orbit_quiet("job", "list", "acme", "--json"):
-            job_id = job.get("id") or job["job_id"]
+        for job in self.items("job", "list", "acme"):
+            job_id = job["id"]
             self.orbit("job", "verify", "acme", job_id, "--volume", str(volume))
             click.echo(
                 f"    {job['kind']}: {job['roots']} roots in {job['batches']} batches, "
                 f"{job['bytes']} bytes, attempts {job['attempts']}"
             )
-        first = self.orbit_quiet("job", "list", "acme", "--json")[0]
-        exported = self.orbit_raw(
-            "job", "export", "acme", first.get("id") or first["job_id"], "--volume", str(volume)
-        )
+        first = self.items("job", "list", "acme")[0]
+        exported = self.orbit_raw("job", "export", "acme", first["id"], "--volume", str(volume))
         click.echo(f"    export of the {first['kind']} job: {len(exported.splitlines())} roots")
 
     def sender(self) -> None:
@@ -211,19 +207,19 @@ class Demo:
         api_url = f"http://127.0.0.1:{port}"
         self.start("api", "api", "serve", "--port", str(port))
         self.wait_for("the platform API", lambda: _answers(api_url))
-        queue_id = self.orbit_quiet("queue", "list", "acme", "--json")[0]
-        ns = self.orbit_quiet("namespace", "list", "--json")[0]
-        self.enqueue(ns["id"], queue_id.get("id") or queue_id["queue_id"])
+        queue = self.items("queue", "list", "acme")[0]
+        ns = self.items("namespace", "list")[0]
+        self.enqueue(ns["id"], queue["id"])
         env = dict(self.env, ORBIT_API_URL=api_url, ORBIT_API_TOKEN=cred["token"])
         self.start("beat", "beat", env=env)
         self.start("worker-sender", "worker", "sender", "--name", "demo-sender@%h", env=env)
 
         def accepted() -> bool:
-            rows = self.orbit_quiet("sender", "list", "--json")
+            rows = self.items("sender", "list")
             return len(rows) == OPERATIONS and all(r["state"] == "ACCEPTED" for r in rows)
 
         self.wait_for("every outbox row to be ACCEPTED", accepted)
-        row = self.orbit_quiet("sender", "list", "--json")[0]
+        row = self.items("sender", "list")[0]
         click.echo(
             f"    {OPERATIONS} rows ACCEPTED; e.g. {row['operation_id']} -> task {row['task_id']}"
         )
@@ -251,20 +247,12 @@ class Demo:
         engine.dispose()
         click.echo(f"    application enqueued {OPERATIONS} submissions in one transaction")
 
-    def orbit_quiet(self, *args: str) -> Any:
-        out = self.orbit_raw(*args)
-        out = out.strip()
-        if not out:
-            return []
-        try:
-            doc = json.loads(out)
-        except ValueError:
-            return [json.loads(line) for line in out.splitlines() if line.strip()]
-        if isinstance(doc, dict):  # list commands print {"jobs": [...], "next": cursor}
-            lists = [v for v in doc.values() if isinstance(v, list)]
-            if len(lists) == 1:
-                return lists[0]
-        return doc
+    def items(self, *args: str) -> list[Any]:
+        """The items of a list command (docs/cli.md: ``{"items": [...], "next": cursor}``)."""
+        doc = json.loads(self.orbit_raw(*args, "--json"))
+        if isinstance(doc, list):  # `sender list` before it adopted the list shape
+            return doc
+        return list(doc["items"])
 
     def orbit_raw(self, *args: str) -> str:
         done = subprocess.run([*_orbit_bin(), *args], env=self.env, capture_output=True, text=True)
@@ -286,6 +274,26 @@ def _answers(url: str) -> bool:
         return httpx.get(url + "/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+DEMO_MARKER = ".orbit-demo"
+
+
+def prepare_dir(root: Path) -> None:
+    """Empty ``root`` for a new run, but only when it is missing, empty, or made by an earlier
+    demo (it holds :data:`DEMO_MARKER`): a ``--dir`` naming anything else, a home directory or an
+    archive volume, is refused and nothing is deleted."""
+    if root.exists():
+        if not root.is_dir():
+            raise InvalidInput(f"--dir {root} is not a directory")
+        if any(root.iterdir()) and not (root / DEMO_MARKER).exists():
+            raise InvalidInput(
+                f"--dir {root} is not empty and was not made by `orbit demo` (no {DEMO_MARKER} "
+                "in it); name a new or empty directory"
+            )
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / DEMO_MARKER).write_text("made by `orbit demo`; its next run empties this directory\n")
 
 
 def run_demo(root: Path) -> None:

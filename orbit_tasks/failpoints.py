@@ -8,13 +8,20 @@ Actions:
 - ``stop:<marker>`` — create the marker file, then ``SIGSTOP`` this very process; it continues
   where it stopped when the test sends ``SIGCONT`` (a stale worker coming back).
 - ``exit`` — ``os._exit(137)`` immediately (a crash without cleanup).
+- ``oserror:<ERRNO>`` — raise ``OSError`` with that errno name (e.g. ``oserror:EIO``), as the
+  system call at this point would: tests the cleanup of every failure path of a durable write.
 
 Names used by the archive runner: ``archive.after_claim``, ``archive.after_file_write`` (durably
-written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``.
+written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``. Durable
+writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and synced),
+``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced removal
+has renamed the name aside). ``orbit storage init``:
+``storage.init.before_commit`` (identity file durable, registry row not committed).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -52,6 +59,9 @@ def hit(name: str) -> None:
         action = verb + sep + rest
     if action == "exit":
         os._exit(137)
+    if action.startswith("oserror:"):
+        code = getattr(errno, action[len("oserror:") :])
+        raise OSError(code, os.strerror(code))
     if action.startswith("stop:"):
         marker = Path(action[len("stop:") :])
         marker.parent.mkdir(parents=True, exist_ok=True)

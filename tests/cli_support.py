@@ -86,3 +86,23 @@ def invoke_json(args: Sequence[str], env: Mapping[str, str]) -> Any:
     result = invoke_orbit([*args, "--json"], env)
     assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
     return json.loads(result.stdout)
+
+
+def invoke_items(args: Sequence[str], env: Mapping[str, str]) -> list[Any]:
+    """A list command with ``--json``: asserts the one list shape ``{"items": [...], "next": ...}``
+    (docs/cli.md) and returns the items."""
+    doc = invoke_json(args, env)
+    assert isinstance(doc, dict) and sorted(doc) == ["items", "next"], doc
+    return list(doc["items"])
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    """Exit ``code``, nothing on stdout, exactly one ``error: ...`` line on stderr, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert proc.stdout == ""
+    return lines[0]

@@ -1,4 +1,4 @@
-"""Real filesystems for fault tests: a small tmpfs to provoke ENOSPC.
+"""Real filesystems for fault tests: a small tmpfs to provoke ENOSPC, or a read-only one (EROFS).
 
 Mounting needs root (CAP_SYS_ADMIN). CI and the dev machines run as root, so there a failed
 mount is a test failure, never a silent skip; only a non-root developer gets a skip (with why).
@@ -16,12 +16,20 @@ import pytest
 
 
 @contextmanager
-def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+def small_tmpfs(mnt: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN); CI runs as root")
     mnt.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+        [
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            f"size={size}" + (",ro" if read_only else ""),
+            "tmpfs",
+            str(mnt),
+        ],
         capture_output=True,
         text=True,
         timeout=30,

@@ -1,7 +1,9 @@
 """Archive volumes on disk: the identity file, durable writes, job file listing and cleanup.
 
-Durable write protocol (DEVELOPERS.md): write to a ``.tmp-`` name, ``fsync`` it, ``rename`` to the
-final name, ``fsync`` the directory; only then may the database confirm the file.
+Durable write protocol (SPEC §5 step 4): write to a unique ``.tmp-`` name, ``fsync`` it, publish it
+under the final name, ``fsync`` the directory; only then may the database confirm the file. A
+failed write never leaves its temp file behind, whichever step failed (:func:`_write_temp` and the
+``finally`` of each publisher); a name that was already published stays (see each function).
 
 Job files (:func:`write_job_file`) are content-addressed (``<seq>-<sha256>...``), so one name has
 exactly one valid content. They are published with ``link(tmp, final)`` instead of ``rename``:
@@ -22,13 +24,13 @@ Errors: ``ENOSPC``/``EDQUOT`` -> :class:`DiskFull` (job code ``DISK_FULL``), any
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from orbit_tasks import failpoints, oserrors
 from orbit_tasks.archive.fileformat import ParsedName, parse_name, sha256_hex
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.ids import from_hex
@@ -53,31 +55,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def durable_write(directory: Path, name: str, data: bytes) -> Path:
-    """Write ``data`` to ``directory/name`` crash-safely; returns the final path.
-
-    The temp file lives in the same directory so that the rename is atomic on one filesystem.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / name
-    tmp = directory / f"{TMP_PREFIX}{name}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, final)
-    fsync_dir(directory)
-    return final
-
-
 def read_identity(path: Path | str) -> VolumeIdentity:
     """Read and validate ``<path>/.orbit-volume.json``."""
     root = Path(path)
@@ -99,29 +76,69 @@ def write_identity(path: Path | str, storage_id: bytes, label: str) -> VolumeIde
 
     The file is published with ``link()``, which never replaces an existing name: of two
     concurrent ``storage init`` runs on one path exactly one identity wins, and the loser reads
-    it back (and is refused if it is not the one it meant to write).
+    it back (and is refused if it is not the one it meant to write). Missing directories are
+    created and synced into their parents.
+
+    Failures (docs/decisions.md, "storage init"): before the name is published nothing is left
+    behind (no temp file, no directory created on the way) and the error is :class:`DiskFull`,
+    :class:`InvalidInput` (the path cannot hold a volume: read-only, not a directory, ...) or
+    :class:`ArchiveIOError`. After it, the file stays -- another ``storage init`` may already
+    have read and registered it -- and the :class:`ArchiveIOError` says that a rerun registers it.
     """
     root = Path(path)
-    if (root / IDENTITY_FILE).exists():
+    final = root / IDENTITY_FILE
+    if final.exists():
         return _existing_identity(root, storage_id)
-    root.mkdir(parents=True, exist_ok=True)
     doc = {"format": VOLUME_FORMAT, "label": label, "storage_id": storage_id.hex()}
     data = (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-    tmp = root / f"{TMP_PREFIX}{IDENTITY_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    created: list[Path] = []
+    tmp: Path | None = None
+    published = False
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        _ensure_dir(root, created)
+        tmp, _ = _write_temp(root, IDENTITY_FILE, data)
+        failpoints.hit("volume.before_publish")
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            return _existing_identity(root, storage_id)
+        published = True
+        os.unlink(tmp)
+        tmp = None
+        failpoints.hit("volume.before_dir_fsync")
+        fsync_dir(root)
+    except OSError as exc:
+        if published:
+            raise ArchiveIOError(
+                f"{root}: the identity file of storage {storage_id.hex()} is written but could "
+                f"not be synced ({oserrors.errno_name(exc)}); run `orbit storage init {root}` "
+                "again to register it"
+            ) from None
+        raise _identity_error(exc, root) from None
     finally:
-        os.close(fd)
-    try:
-        os.link(tmp, root / IDENTITY_FILE)
-    except FileExistsError:
-        return _existing_identity(root, storage_id)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(root)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        if not published:
+            _remove_empty_dirs(created)
     return VolumeIdentity(root.resolve(), storage_id, label)
+
+
+def _identity_error(exc: OSError, root: Path) -> OrbitError:
+    if exc.errno in oserrors.DISK_FULL_ERRNOS:
+        return DiskFull(f"{root}: {oserrors.reason(exc)} writing {IDENTITY_FILE}")
+    if oserrors.is_path_error(exc):
+        return InvalidInput(f"{root} cannot hold an archive volume: {oserrors.reason(exc)}")
+    return ArchiveIOError(f"{root}: I/O error writing {IDENTITY_FILE}: {oserrors.reason(exc)}")
+
+
+def _remove_empty_dirs(created: list[Path]) -> None:
+    """Undo the directories a failed write created (deepest first); a non-empty one stays."""
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            return
 
 
 def _existing_identity(root: Path, storage_id: bytes) -> VolumeIdentity:
@@ -161,14 +178,16 @@ class StoredFile:
 
 
 def _os_error(exc: OSError, what: str) -> ArchiveIOError:
-    code = errno.errorcode.get(exc.errno or 0, "EIO")
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    code = oserrors.errno_name(exc)
+    if exc.errno in oserrors.DISK_FULL_ERRNOS:
         return DiskFull(f"no space left on the archive volume writing {what} ({code})")
     return ArchiveIOError(f"I/O error on {what} ({code})")
 
 
-def _ensure_dir(directory: Path) -> None:
-    """``mkdir -p`` that fsyncs every newly created directory entry into its parent."""
+def _ensure_dir(directory: Path, created: list[Path] | None = None) -> None:
+    """``mkdir -p`` that fsyncs every newly created directory entry into its parent. Appends each
+    directory it created to ``created`` (outermost first) as it goes, so that a caller can undo
+    them after a later failure."""
     missing: list[Path] = []
     cur = directory
     while not cur.is_dir():
@@ -179,7 +198,31 @@ def _ensure_dir(directory: Path) -> None:
             d.mkdir()
         except FileExistsError:
             continue
+        if created is not None:
+            created.append(d)
         fsync_dir(d.parent)
+
+
+def _write_temp(directory: Path, name: str, data: bytes) -> tuple[Path, int]:
+    """Write ``data`` to a new unique temp file for ``name`` and ``fsync`` it; returns its path and
+    inode. On any failure (open, a short or failed write, fsync, close) the temp file is removed
+    before the error propagates."""
+    tmp = _unique_tmp(directory, name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp, inode
 
 
 def _unique_tmp(directory: Path, name: str) -> Path:
@@ -189,7 +232,10 @@ def _unique_tmp(directory: Path, name: str) -> Path:
 def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
     """Durably publish a chain file under its content-addressed ``name`` (see module docstring).
 
-    ``ValueError`` if ``name`` is not a chain name or does not hash-match ``data``.
+    ``ValueError`` if ``name`` is not a chain name or does not hash-match ``data``. On failure the
+    temp file is removed; a name already published (only the directory sync failed) stays: it
+    is unconfirmed, and removing it here could delete a file that a live claim has adopted and
+    confirmed meanwhile. The lease-checked cleanup of the next claim removes it (SPEC §5).
     """
     parsed = parse_name(name)
     if parsed is None or parsed.sha256 != sha256_hex(data):
@@ -199,16 +245,8 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
     tmp: Path | None = None
     try:
         _ensure_dir(directory)
-        tmp = _unique_tmp(directory, name)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-            inode = os.fstat(fd).st_ino
-        finally:
-            os.close(fd)
+        tmp, inode = _write_temp(directory, name, data)
+        failpoints.hit("volume.before_publish")
         created = True
         try:
             os.link(tmp, final)
@@ -222,6 +260,7 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
                 inode = os.fstat(fh.fileno()).st_ino
         os.unlink(tmp)
         tmp = None
+        failpoints.hit("volume.before_dir_fsync")
         fsync_dir(directory)
         return StoredFile(final, created, inode)
     except OSError as exc:
@@ -328,11 +367,17 @@ def remove_file_if_unconfirmed(
             os.rename(final, aside)
         except FileNotFoundError:
             return False
-        removed = os.stat(aside).st_ino == inode
-        if not removed:
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, final)  # someone else's file: put it back, never replace
-        os.unlink(aside)
+        removed = False
+        try:
+            failpoints.hit("volume.after_aside")
+            removed = os.stat(aside).st_ino == inode
+        finally:
+            if not removed:
+                # Someone else's file, or we could not tell: put it back, never replace. A
+                # `.tmp-` name is what the next claim's cleanup deletes.
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, final)
+            os.unlink(aside)
         fsync_dir(directory)
         return removed
     except OSError as exc:

@@ -5,60 +5,39 @@ Exit codes (SPEC §9): 0 ok, 2 usage/invalid input, 3 conflict, 4 not found, 1 o
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
-from sqlalchemy.exc import DBAPIError, OperationalError
 
-from orbit_tasks.db.faults import LOCK_CONFLICT_CODES
-from orbit_tasks.errors import InvalidInput, OrbitError
+from orbit_tasks.cli.errors import describe_error
+from orbit_tasks.errors import InvalidInput
 from orbit_tasks.units import parse_duration, parse_size
+
+log = logging.getLogger("orbit.cli")
 
 
 class OrbitGroup(click.Group):
-    """A click group that turns project errors into their exit codes and one-line messages."""
+    """The CLI's error boundary: every exception of a command becomes ONE line on stderr and its
+    exit code (SPEC §9; :func:`orbit_tasks.cli.errors.describe_error`). No traceback reaches an
+    operator; with ``ORBIT_LOG_LEVEL=DEBUG`` an unexpected one is logged with its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except OrbitError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-        except OperationalError as exc:
-            click.echo(f"error: {describe_operational_error(exc)}", err=True)
-            ctx.exit(1)
-        except DBAPIError as exc:
-            click.echo(f"error: database refused the change ({type(exc.orig).__name__})", err=True)
-            ctx.exit(1)
-
-
-# MySQL client/server codes that mean "cannot reach or use the server", not "bad statement".
-_UNAVAILABLE_CODES = {1040, 1045, 1049, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
-
-
-def describe_operational_error(exc: OperationalError) -> str:
-    """One line for the operator, without SQL text or parameters (they may hold business data)."""
-    args = getattr(exc.orig, "args", ())
-    code = args[0] if args else None
-    if isinstance(code, int):
-        if code in _UNAVAILABLE_CODES:
-            return f"database unavailable (driver code {code})"
-        if code == 4025:
-            return "database refused the change: a CHECK constraint failed (driver code 4025)"
-        if code in LOCK_CONFLICT_CODES:
-            return f"database busy (lock wait or deadlock, driver code {code}); retry"
-        return f"database error (driver code {code})"
-    text = str(code or "")
-    if "no such table" in text:
-        return "database schema missing: run `orbit db upgrade` (or `orbit sender db upgrade`)"
-    if "locked" in text:
-        return "database busy (SQLite file locked); retry"
-    if "unable to open" in text:
-        return "database unavailable (cannot open the SQLite file)"
-    return f"database error ({type(exc.orig).__name__})"
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # usage errors and explicit exits: click prints and exits itself
+        except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+                raise  # stdout closed by the reader (`| head`): click exits quietly
+            message, code = describe_error(exc)
+            log.debug("command failed", exc_info=True)
+            click.echo(f"error: {message}", err=True)
+            ctx.exit(code)
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from orbit_tasks.cli.common import emit, emit_table, iso_utc, json_option
+from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput, NotFound
@@ -89,13 +89,11 @@ def credential_list(ns: str, as_json: bool) -> None:
         rows = store.list_credentials(conn, namespace.id)
     for r in rows:
         r["created_at"], r["revoked_at"] = iso_utc(r["created_at"]), iso_utc(r["revoked_at"])
-    if as_json:
-        emit(rows, True)
-    else:
+    if not as_json:
         for r in rows:
             r["queues"] = "*" if r["queues"] is None else ",".join(r["queues"])
             r["revoked_at"] = r["revoked_at"] or "-"
-        emit_table(rows, ["id", "label", "queues", "created_at", "revoked_at"])
+    emit_list(rows, as_json, ["id", "label", "queues", "created_at", "revoked_at"])
 
 
 @credential_group.command("revoke")

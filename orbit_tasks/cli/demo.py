@@ -14,7 +14,8 @@ import click
     type=click.Path(path_type=Path, file_okay=False),
     default=Path("var/demo"),
     show_default=True,
-    help="Where the demo's databases, volume, broker and logs go (emptied first).",
+    help="Where the demo's databases, volume, broker and logs go: a new or empty directory, or "
+    "one of an earlier demo (emptied first).",
 )
 def demo_command(directory: Path) -> None:
     """Run the archive and the outbox sender end to end with no servers."""

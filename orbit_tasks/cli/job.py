@@ -20,13 +20,14 @@ from orbit_tasks.archive import job_store as store
 from orbit_tasks.archive import source
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
 from orbit_tasks.archive.volume import job_dir, read_identity
-from orbit_tasks.cli.common import SIZE, emit, emit_table, json_option
+from orbit_tasks.cli.common import SIZE, emit, emit_list, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import resolve_namespace
 from orbit_tasks.settings import get_settings
+from orbit_tasks.units import format_size
 
 log = logging.getLogger("orbit.cli.job")
 
@@ -74,12 +75,9 @@ def job_list(ns: str, state: str | None, limit: int, after: str | None, as_json:
             limit=limit,
             after=after,
         )
-    rows = [j.as_dict() for j in jobs]
-    if as_json:
-        emit({"jobs": rows, "next": nxt}, True)
-        return
-    emit_table(
-        rows,
+    emit_list(
+        [j.as_dict() for j in jobs],
+        as_json,
         [
             "id",
             "kind",
@@ -91,9 +89,8 @@ def job_list(ns: str, state: str | None, limit: int, after: str | None, as_json:
             "bytes",
             "created_at",
         ],
+        next_cursor=nxt,
     )
-    if nxt:
-        click.echo(f"next page: --after {nxt}")
 
 
 @job_group.command("show")
@@ -105,7 +102,34 @@ def job_show(ns: str, job: str, as_json: bool) -> None:
     _, j = _load(ns, job)
     data = j.as_dict()
     data["range"] = _range_view(j)
-    emit(data, as_json)
+    emit(data, as_json, _show_text)
+
+
+def _show_text(data: dict[str, Any]) -> str:
+    rng = data["range"]
+    state = data["state"] + (f" ({data['error_code']})" if data["error_code"] else "")
+    rows = [
+        ("job", data["id"]),
+        ("namespace_id", data["namespace_id"]),
+        ("kind", data["kind"]),
+        ("state", state),
+        ("revision", data["revision"]),
+        ("attempts", data["attempts"]),
+        ("storage_id", data["storage_id"]),
+        ("plan_revision", data["plan_revision"]),
+        ("policy_revision", data["policy_revision"]),
+        ("range", "-" if rng is None else f"{rng['from'] or '(start)'} .. {rng['until']}"),
+        ("batch_size", data["batch_size"]),
+        ("max_bytes", f"{format_size(data['max_bytes'])} ({data['max_bytes']})"),
+        ("batches", data["batches"]),
+        ("roots", data["roots"]),
+        ("bytes", data["bytes"]),
+        ("last_sha256", data["last_sha256"] or "-"),
+        ("lease_until", data["lease_until"] or "-"),
+        ("created_at", data["created_at"]),
+        ("updated_at", data["updated_at"]),
+    ]
+    return "\n".join(f"{key:<16}{value}" for key, value in rows)
 
 
 @job_group.command("watch")
@@ -113,10 +137,17 @@ def job_show(ns: str, job: str, as_json: bool) -> None:
 @click.argument("job")
 @click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True)
 @click.option("--timeout", type=click.FloatRange(0), default=None, help="Give up after seconds.")
-def job_watch(ns: str, job: str, interval: float, timeout: float | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per change (the job as in `job show --json`, plus total_roots).",
+)
+def job_watch(ns: str, job: str, interval: float, timeout: float | None, as_json: bool) -> None:
     """Follow a job's progress until it is SUCCEEDED, FAILED or ABANDONED.
 
-    Exit 0 on SUCCEEDED, 1 on FAILED or ABANDONED (or on --timeout)."""
+    Prints a line (``--json``: an object, line-delimited) whenever the state or the counters
+    change. Exit 0 on SUCCEEDED, 1 on FAILED or ABANDONED (or on --timeout)."""
     ns_id, j = _load(ns, job)
     with platform_engine().connect() as conn:
         try:
@@ -129,10 +160,13 @@ def job_watch(ns: str, job: str, interval: float, timeout: float | None) -> None
     while True:
         with platform_engine().connect() as conn:
             j = store.require_job(conn, ns_id, j.id)
-        line = _progress(j, total)
-        if line != last:
-            click.echo(line)
-            last = line
+        seen = (j.state, j.error_code, j.revision, j.attempts, j.batches, j.roots, j.bytes)
+        if seen != last:
+            if as_json:
+                emit({**j.as_dict(), "total_roots": total}, True)
+            else:
+                click.echo(_progress(j, total))
+            last = seen
         if j.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.ABANDONED):
             raise SystemExit(0 if j.state is JobState.SUCCEEDED else 1)
         if timeout is not None and time.monotonic() - started > timeout:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orbit_tasks.cli.common import emit, emit_table, iso_utc, json_option
+from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.platform import store
 from orbit_tasks.settings import get_settings
@@ -19,9 +19,9 @@ def namespace_group() -> None:
 @click.argument("name")
 @json_option
 def namespace_create(name: str, as_json: bool) -> None:
-    """Create namespace NAME (1-64 of a-z 0-9 _ . -) and print its id.
+    """Create namespace NAME (1-64 of a-z 0-9 _ . -, not 32 hex) and print its id.
 
-    Exit 3 if the name is taken.
+    Exit 3 if the name is taken; exit 2 for a name of 32 hex characters (it would read as an id).
     """
     store.validate_name(name, "namespace")
     with platform_engine().begin() as conn:
@@ -52,10 +52,7 @@ def namespace_list(as_json: bool) -> None:
             }
             for n in store.list_namespaces(conn)
         ]
-    if as_json:
-        emit(rows, True)
-    else:
-        emit_table(rows, ["id", "name", "state", "created_at"])
+    emit_list(rows, as_json, ["id", "name", "state", "created_at"])
 
 
 def register(cli: click.Group) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from orbit_tasks.archive import plan_store, schedule
-from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_table, json_option
+from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, json_option
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.ids import from_hex
@@ -131,7 +131,7 @@ def plan_list(ns: str | None, as_json: bool) -> None:
             for p in plans
         ]
     if as_json:
-        emit(rows, True)
+        emit_list(rows, True, [])
         return
     table = [
         {
@@ -147,8 +147,9 @@ def plan_list(ns: str | None, as_json: bool) -> None:
         }
         for r in rows
     ]
-    emit_table(
+    emit_list(
         table,
+        False,
         ["namespace", "kind", "rev", "enabled", "interval", "next_run_at", "policy", "active_job"],
     )
 

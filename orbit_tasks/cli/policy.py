@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orbit_tasks.cli.common import DURATION, emit, emit_table, iso_utc, json_option
+from orbit_tasks.cli.common import DURATION, emit, emit_list, iso_utc, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.platform import store
@@ -89,10 +89,7 @@ def policy_list(ns: str, kind: str | None, as_json: bool) -> None:
             }
             for p in store.list_policies(conn, namespace.id, kind)
         ]
-    if as_json:
-        emit(rows, True)
-    else:
-        emit_table(rows, ["kind", "revision", "archive_after", "created_at", "created_by"])
+    emit_list(rows, as_json, ["kind", "revision", "archive_after", "created_at", "created_by"])
 
 
 def register(cli: click.Group) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orbit_tasks.cli.common import emit, emit_table, json_option
+from orbit_tasks.cli.common import emit, emit_list, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.platform import store
 from orbit_tasks.settings import get_settings
@@ -20,7 +20,10 @@ def queue_group() -> None:
 @click.argument("name")
 @json_option
 def queue_create(ns: str, name: str, as_json: bool) -> None:
-    """Create queue NAME in NS (name or hex id) and print its id. Exit 3 if it exists."""
+    """Create queue NAME in NS (name or hex id) and print its id. Exit 3 if it exists.
+
+    NAME: 1-64 of a-z 0-9 _ . -, not 32 hex characters (queue arguments read those as an id).
+    """
     store.validate_name(name, "queue")
     with platform_engine().begin() as conn:
         namespace = store.resolve_namespace(conn, ns)
@@ -52,10 +55,7 @@ def queue_list(ns: str, as_json: bool) -> None:
             {"id": q.id.hex(), "name": q.name, "namespace_id": q.namespace_id.hex()}
             for q in store.list_queues(conn, namespace.id)
         ]
-    if as_json:
-        emit(rows, True)
-    else:
-        emit_table(rows, ["id", "name"])
+    emit_list(rows, as_json, ["id", "name"])
 
 
 def register(cli: click.Group) -> None:

@@ -1,9 +1,12 @@
 """``orbit storage init|list``: archive volumes and their registry.
 
-``storage init PATH`` writes ``PATH/.orbit-volume.json`` with a new storage id (UUIDv7) and then
-registers that id in the platform database. The file comes first: a crash between the two steps
-leaves a volume whose identity the next ``storage init PATH`` registers. On a path that already
-holds an identity the command does not create a new one:
+``storage init PATH`` makes PATH a volume (docs/decisions.md, "storage init"): in one database
+transaction it inserts the registry row of a new storage id (UUIDv7), writes
+``PATH/.orbit-volume.json`` durably, and only then commits. So a database that is down or
+refuses, and a path that cannot hold a volume, leave nothing behind: no file, no temp file, no
+directory, no row. A crash (or a lost commit) after the file leaves a file without a row, never a
+registered storage without its file; the next ``storage init PATH`` registers that identity. On a
+path that already holds an identity the command does not create a new one:
 
 - identity registered in this database: prints it (idempotent, exit 0);
 - identity not registered here (an operator re-attaching a volume, or the crash above):
@@ -17,14 +20,18 @@ because job directories of the two would overlap.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
+from sqlalchemy.exc import DBAPIError
 
+from orbit_tasks import failpoints
 from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity, write_identity
-from orbit_tasks.cli.common import emit, emit_table, iso_utc, json_option
+from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.errors import describe_database_error
 from orbit_tasks.db.registry import platform_engine
-from orbit_tasks.errors import ConflictError, InvalidInput
+from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 
@@ -36,11 +43,45 @@ def storage_group() -> None:
     """Archive volumes (storages)."""
 
 
+def _check_place(root: Path) -> None:
+    """Refuse, before anything is written, a path that is or lies under a regular file."""
+    if root.exists() and not root.is_dir():
+        raise InvalidInput(f"{root} is not a directory")
+    for parent in root.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InvalidInput(f"{root} lies under {parent}, which is not a directory")
+            return
+
+
 def _enclosing_volume(root: Path) -> Path | None:
     for parent in root.parents:
         if (parent / IDENTITY_FILE).exists():
             return parent
     return None
+
+
+def _create_volume(root: Path, storage_id: bytes, label: str) -> None:
+    """Registry row (uncommitted), identity file, commit: see the module docstring."""
+    with platform_engine().connect() as conn:
+        trans = conn.begin()
+        try:
+            store.register_storage(conn, storage_id, label)  # down or refused: disk untouched
+            write_identity(root, storage_id, label)
+            failpoints.hit("storage.init.before_commit")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                trans.rollback()
+            raise
+        try:
+            trans.commit()
+        except DBAPIError as exc:
+            # The commit's outcome is unknown: removing the file could orphan a committed row.
+            raise OrbitError(
+                f"{root}: the identity file of storage {storage_id.hex()} is written, but the "
+                f"database did not confirm its registration ({describe_database_error(exc)}); "
+                f"run `orbit storage init {root}` again to register it"
+            ) from None
 
 
 @storage_group.command("init")
@@ -52,8 +93,7 @@ def storage_init(path: Path, label: str | None, as_json: bool) -> None:
     if label is not None and len(label) > MAX_LABEL:
         raise InvalidInput(f"--label is {len(label)} characters long (allowed 0..{MAX_LABEL})")
     root = path.resolve()
-    if root.exists() and not root.is_dir():
-        raise InvalidInput(f"{root} is not a directory")
+    _check_place(root)
     outer = _enclosing_volume(root)
     if outer is not None:
         raise ConflictError(
@@ -75,9 +115,7 @@ def storage_init(path: Path, label: str | None, as_json: bool) -> None:
         status = "existing" if registered else "registered"
     else:
         storage_id, final_label = new_id(), label or ""
-        write_identity(root, storage_id, final_label)  # file first, then the database
-        with platform_engine().begin() as conn:
-            store.register_storage(conn, storage_id, final_label)
+        _create_volume(root, storage_id, final_label)
         status = "created"
     data = {
         "id": storage_id.hex(),
@@ -99,10 +137,7 @@ def storage_list(as_json: bool) -> None:
             {"id": s["storage_id"], "label": s["label"], "created_at": iso_utc(s["created_at"])}
             for s in store.list_storages(conn)
         ]
-    if as_json:
-        emit(rows, True)
-    else:
-        emit_table(rows, ["id", "label", "created_at"])
+    emit_list(rows, as_json, ["id", "label", "created_at"])
 
 
 def register(cli: click.Group) -> None:

@@ -9,13 +9,17 @@ never has to upgrade a read lock (SQLite would fail such an upgrade with "databa
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ArgumentError
 
+from orbit_tasks import oserrors
 from orbit_tasks.db import collation as _collation  # noqa: F401 - registers the DDL hook
+from orbit_tasks.errors import InvalidInput, OrbitError
 
 
 def is_mysql(bind: Engine | Connection) -> bool:
@@ -26,9 +30,84 @@ def is_mariadb(bind: Engine | Connection) -> bool:
     return bool(getattr(bind.dialect, "is_mariadb", False))
 
 
+# The databases this product runs on (SPEC §2); SQLite through the standard library's driver.
+_SCHEMES = "mysql://, mariadb:// or sqlite:///"
+_EXAMPLE = "e.g. mysql://user@host:3306/orbit or sqlite:///var/platform.sqlite3"
+_USERINFO = re.compile(r"^(?P<head>(?:[^:/?#]*://)?[^:@/?#]*:)(?P<password>[^/?#]*)@")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part shown as ``***``."""
+    return _USERINFO.sub(lambda m: m["head"] + "***@", url, count=1)
+
+
+def _port_text(url: str) -> str:
+    authority = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    return authority.rsplit(":", 1)[-1] if ":" in authority else ""
+
+
+def parse_database_url(url: str, what: str = "database URL") -> URL:
+    """Parse and check a database URL before anything connects or creates a file: an unknown
+    scheme, a missing ``://``, a port that is no number in 1..65535, a MySQL URL without a
+    database, an unknown SQLite driver are :class:`InvalidInput` naming ``what`` (the variable)
+    and the URL with its password hidden."""
+    shown = f"{what} {redact_url(url)!r}"
+    if "://" not in url:
+        raise InvalidInput(f"{shown} is not a database URL: no scheme:// ({_EXAMPLE})")
+    try:
+        parsed = make_url(url)
+    except ValueError:  # SQLAlchemy's int() of the port
+        port = _port_text(url)
+        raise InvalidInput(f"{shown}: port {port!r} is not a number (allowed 1..65535)") from None
+    except ArgumentError:
+        raise InvalidInput(f"{shown} cannot be parsed as a database URL ({_EXAMPLE})") from None
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend not in ("mysql", "mariadb", "sqlite"):
+        raise InvalidInput(f"{shown} has an unsupported scheme {backend!r} (allowed: {_SCHEMES})")
+    if backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise InvalidInput(
+                f"{shown} names the SQLite driver {driver!r} (allowed: sqlite:/// with the "
+                "built-in driver)"
+            )
+        return parsed
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise InvalidInput(f"{shown}: port {parsed.port} is out of range (allowed 1..65535)")
+    if not parsed.database:
+        raise InvalidInput(f"{shown} names no database (add /DATABASE to the URL)")
+    return parsed
+
+
+# Attribute of a SQLAlchemy error raised by an engine of :func:`engine_for_setting`: the variable
+# and the URL (password hidden) of the database that failed.
+SETTING_ATTR = "orbit_setting"
+
+
+def engine_for_setting(what: str, url: str) -> Engine:
+    """:func:`make_engine` for the URL held by the environment variable ``what``: a bad URL, or a
+    SQLite folder that cannot be created, is one error naming the variable (SPEC §9)."""
+    parse_database_url(url, what)
+    try:
+        engine = make_engine(url)
+    except OSError as exc:  # creating the folder of a SQLite file
+        message = f"{what} {redact_url(url)!r}: {exc.filename or 'folder'}: {oserrors.reason(exc)}"
+        if oserrors.is_path_error(exc):
+            raise InvalidInput(message) from None
+        raise OrbitError(message) from None
+    setting = f"{what} {redact_url(url)!r}"
+
+    @event.listens_for(engine, "handle_error")
+    def _name_the_setting(context: Any) -> None:
+        # Lets an operator message say which database failed (cli/errors.py, SETTING_ATTR).
+        if context.sqlalchemy_exception is not None:
+            setattr(context.sqlalchemy_exception, SETTING_ATTR, setting)
+
+    return engine
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine for ``url`` with this project's connection rules."""
-    parsed = make_url(url)
+    parsed = parse_database_url(url)
     if parsed.get_backend_name() in ("mysql", "mariadb"):
         # The mysql dialect detects MariaDB from the server; "mariadb://" URLs would ignore the
         # mysql_* table options (engine, charset, collation) of the schema.

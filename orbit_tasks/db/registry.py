@@ -6,27 +6,27 @@ import threading
 
 from sqlalchemy import Engine
 
-from orbit_tasks.db.engine import make_engine
+from orbit_tasks.db.engine import engine_for_setting
 from orbit_tasks.settings import get_settings
 
 _lock = threading.Lock()
 _engines: dict[str, Engine] = {}
 
 
-def _engine(url: str) -> Engine:
+def _engine(url: str, variable: str) -> Engine:
     with _lock:
         engine = _engines.get(url)
         if engine is None:
-            engine = _engines[url] = make_engine(url)
+            engine = _engines[url] = engine_for_setting(variable, url)
         return engine
 
 
 def platform_engine() -> Engine:
-    return _engine(get_settings().database_url)
+    return _engine(get_settings().database_url, "ORBIT_DATABASE_URL")
 
 
 def business_engine() -> Engine:
-    return _engine(get_settings().sender_database_url)
+    return _engine(get_settings().sender_database_url, "ORBIT_SENDER_DATABASE_URL")
 
 
 def dispose_all_for_fork() -> None:

@@ -67,10 +67,18 @@ class Credential:
 
 
 def validate_name(name: str, what: str) -> str:
+    """Namespace and queue names: 1-64 of ``a-z 0-9 _ . -``, and never 32 hexadecimal characters,
+    which commands read as an id (SPEC §9: NS and queue arguments take a name or an id), so such a
+    name could impersonate another namespace's id or never be addressed at all."""
     if not _NAME.match(name or ""):
         raise InvalidInput(
             f"{what} name {name!r} is invalid (allowed: 1-64 characters a-z 0-9 _ . -, "
             "starting with a letter or digit)"
+        )
+    if is_hex_id(name):
+        raise InvalidInput(
+            f"{what} name {name!r} is invalid: 32 hexadecimal characters are read as an id "
+            f"wherever a {what} is named (allowed: 1-64 characters a-z 0-9 _ . -, not 32 hex)"
         )
     return name
 
@@ -99,7 +107,7 @@ def resolve_namespace(conn: Connection, ref: str) -> Namespace:
     """A namespace by name or 32-hex id (SPEC §9: NS accepts either)."""
     cond = namespaces.c.id == from_hex(ref) if is_hex_id(ref) else namespaces.c.name == ref
     row = conn.execute(select(namespaces).where(cond)).first()
-    if row is None and is_hex_id(ref):  # a 32-hex-character *name* is allowed too
+    if row is None and is_hex_id(ref):  # a 32-hex *name* from before names were checked
         row = conn.execute(select(namespaces).where(namespaces.c.name == ref)).first()
     if row is None:
         raise NotFound(f"namespace {ref!r} does not exist")
@@ -133,11 +141,14 @@ def set_namespace_state(conn: Connection, ns_id: bytes, state: str) -> None:
 def register_storage(conn: Connection, storage_id: bytes, label: str) -> None:
     if len(label) > 128:
         raise InvalidInput(f"label is {len(label)} characters long (allowed 0..128)")
-    if conn.execute(
-        select(archive_storages.c.storage_id).where(archive_storages.c.storage_id == storage_id)
-    ).first():
+    if storage_exists(conn, storage_id):
         return  # re-registering the same identity is a no-op
-    conn.execute(insert(archive_storages).values(storage_id=storage_id, label=label))
+    try:
+        conn.execute(insert(archive_storages).values(storage_id=storage_id, label=label))
+    except IntegrityError:
+        if storage_exists(conn, storage_id):
+            return  # another `storage init` of the same volume registered it meanwhile
+        raise
 
 
 def storage_exists(conn: Connection, storage_id: bytes) -> bool:

@@ -182,7 +182,7 @@ def test_two_workers_archive_all_kinds_then_only_the_new_roots(
         page2 = cli_json(
             ae.orbit("job", "list", "e2e-ns", "--limit", "4", "--after", listed["next"], "--json")
         )
-        assert [j["id"] for j in listed["jobs"] + page2["jobs"]] == sorted(
+        assert [j["id"] for j in listed["items"] + page2["items"]] == sorted(
             j.id.hex() for j in jobs.values()
         )
         assert page2["next"] is None

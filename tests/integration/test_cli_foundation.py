@@ -24,7 +24,7 @@ from orbit_tasks.db.platform_tables import (
 )
 from orbit_tasks.ids import from_hex, new_id
 from orbit_tasks.platform import store
-from tests.cli_support import invoke_json, invoke_orbit, orbit_env, run_orbit
+from tests.cli_support import invoke_items, invoke_json, invoke_orbit, orbit_env, run_orbit
 
 HEX32 = 32
 
@@ -71,7 +71,7 @@ def test_namespace_create_list_duplicate_and_bad_name(env: dict[str, str], db: E
     _fails(["namespace", "create", "Bad Name!"], env, 2, "'Bad Name!'", "a-z 0-9")
     _fails(["namespace", "create", "x" * 65], env, 2, "1-64 characters")
 
-    listed = invoke_json(["namespace", "list"], env)
+    listed = invoke_items(["namespace", "list"], env)
     assert [(n["name"], n["id"]) for n in listed] == [("acme", created["id"]), ("globex", plain)]
     assert all(n["state"] == "ACTIVE" and n["created_at"].endswith("Z") for n in listed)
     assert _count(db, namespaces) == 2
@@ -109,14 +109,14 @@ def test_policy_set_appends_revisions_with_audit(env: dict[str, str], db: Engine
         == 1
     )
 
-    rows = invoke_json(["policy", "list", "acme"], env)
+    rows = invoke_items(["policy", "list", "acme"], env)
     assert [(r["kind"], r["revision"], r["archive_after_seconds"]) for r in rows] == [
         ("events", 1, 3600),
         ("tasks", 1, 30 * 86400),
         ("tasks", 2, 7 * 86400),
     ]
     assert {r["created_by"] for r in rows} == {"tester-ü"}
-    only_tasks = invoke_json(["policy", "list", "acme", "--kind", "tasks"], env)
+    only_tasks = invoke_items(["policy", "list", "acme", "--kind", "tasks"], env)
     assert [r["revision"] for r in only_tasks] == [1, 2]
 
     with db.connect() as conn:
@@ -149,7 +149,7 @@ def test_policy_bad_input_is_exit_2_and_writes_nothing(env: dict[str, str], db: 
     _fails(["policy", "set", "nope", "taskz", "--archive-after", "2h"], env, 2, "'taskz'")
     assert _count(db, archive_policies) == 0
     assert _count(db, audit_events) == before_audit
-    assert invoke_json(["policy", "list", "acme"], env) == []
+    assert invoke_items(["policy", "list", "acme"], env) == []
 
 
 def test_storage_init_list_and_identity_rules(
@@ -197,7 +197,7 @@ def test_storage_init_list_and_identity_rules(
     assert (reattached["id"], reattached["status"]) == (orphan_id.hex(), "registered")
     assert read_identity(tmp_path / "vol2").storage_id == orphan_id
 
-    listed = invoke_json(["storage", "list"], env)
+    listed = invoke_items(["storage", "list"], env)
     assert {(s["id"], s["label"]) for s in listed} == {
         (created["id"], "disk-1 🚀"),
         (orphan_id.hex(), "moved"),
@@ -217,7 +217,7 @@ def test_queue_and_credential_lifecycle(env: dict[str, str], db: Engine) -> None
     _fails(["queue", "create", "acme", "emails"], env, 3, "'emails'", "already exists")
     _fails(["queue", "create", "acme", "Bad Queue"], env, 2, "'Bad Queue'")
     assert _ok(["queue", "create", "other", "emails"], env)  # names are per namespace
-    assert [q["name"] for q in invoke_json(["queue", "list", "acme"], env)] == [
+    assert [q["name"] for q in invoke_items(["queue", "list", "acme"], env)] == [
         "emails",
         "reports",
     ]
@@ -252,7 +252,7 @@ def test_queue_and_credential_lifecycle(env: dict[str, str], db: Engine) -> None
     assert found.queue_ids is not None
     assert sorted(q.hex() for q in found.queue_ids) == sorted(cred["queues"])
 
-    listed = invoke_json(["credential", "list", "acme"], env)
+    listed = invoke_items(["credential", "list", "acme"], env)
     assert {c["id"] for c in listed} >= {cred["id"]} and token not in json.dumps(listed)
     assert [c["label"] for c in listed if c["id"] == cred["id"]] == ["ci 𝄞"]
 
@@ -267,7 +267,7 @@ def test_queue_and_credential_lifecycle(env: dict[str, str], db: Engine) -> None
     assert actions.count("credential.create") == 2
     assert actions.count("credential.revoke") == 1
     assert actions.count("queue.create") == 3
-    revoked = [c for c in invoke_json(["credential", "list", "acme"], env) if c["revoked_at"]]
+    revoked = [c for c in invoke_items(["credential", "list", "acme"], env) if c["revoked_at"]]
     assert [c["id"] for c in revoked] == [cred["id"]]
 
 

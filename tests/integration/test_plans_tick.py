@@ -610,7 +610,8 @@ def test_plan_list_and_show_report_policy_confirmation(platform_engine: Engine, 
     text_out = cli("plan", "show", "zoe-ns", "tasks").output
     assert "POLICY UNCONFIRMED" in text_out and "next_run_at" in text_out
     listed = json.loads(cli("plan", "list", "--json").output)
-    assert [(p["namespace"], p["kind"], p["policy_confirmed"]) for p in listed] == [
+    assert listed["next"] is None
+    assert [(p["namespace"], p["kind"], p["policy_confirmed"]) for p in listed["items"]] == [
         ("zoe-ns", "tasks", False)
     ]
     assert "UNCONFIRMED" in cli("plan", "list", "zoe-ns").output
