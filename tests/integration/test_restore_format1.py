@@ -30,7 +30,9 @@ def test_format1_fixture_verifies_exports_and_restores(
     manifest = next((volume / ns.hex() / job.hex()).glob("00000000-*.json"))
     assert json.loads(manifest.read_bytes())["format"] == "orbit-archive/1"
 
-    verify = run_orbit(["job", "verify", ns.hex(), job.hex(), "--volume", str(volume), "--json"], env)
+    verify = run_orbit(
+        ["job", "verify", ns.hex(), job.hex(), "--volume", str(volume), "--json"], env
+    )
     assert verify.returncode == 0, verify.stderr
     assert json.loads(verify.stdout)["ok"] is True
     export = run_orbit(["job", "export", ns.hex(), job.hex(), "--volume", str(volume)], env)
