@@ -53,7 +53,8 @@ INT_BITS = {"TINYINT": 8, "SMALLINT": 16, "MEDIUMINT": 24, "INT": 32, "BIGINT": 
 _SIZED = re.compile(r"^(BINARY|VARBINARY|CHAR|VARCHAR)\(([1-9][0-9]{0,4})\)$")
 _INT = re.compile(r"^(TINYINT|SMALLINT|MEDIUMINT|INT|BIGINT)( UNSIGNED)?$")
 _COMPILED = re.compile(
-    r"^(?P<type>[A-Z0-9() ]+?)(?: CHARACTER SET (?P<charset>\w+))?(?: COLLATE (?P<collation>\w+))?$"
+    r"^(?P<type>[A-Z0-9(), ]+?)"
+    r"(?: CHARACTER SET (?P<charset>\w+))?(?: COLLATE (?P<collation>\w+))?$"
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _HEX = re.compile(r"^(?:[0-9a-f]{2})*$")
@@ -375,7 +376,10 @@ def decode_value(table: str, col: ColumnSpec, value: Any) -> Any:
         _need(ok, f"{where}: {len(data)} bytes do not fit {col.type}")
         return data
     if col.encoding == "timestamp":
-        return parse_ts(value)
+        try:
+            return parse_ts(value)
+        except FormatError as exc:
+            raise FormatError(f"{where}: {exc.args[0]}") from None
     if col.base in TEXT_BYTES:
         _need(len(value.encode("utf-8")) <= TEXT_BYTES[col.base], f"{where}: text too long")
     else:
