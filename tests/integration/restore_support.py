@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, Table, insert, select
+from sqlalchemy import Engine, MetaData, Table, insert, select, text
 
 from orbit_tasks.db import platform_tables as pt
 from tests.fixtures.typed_json import load_rows
@@ -74,3 +74,22 @@ def sqlite_raw(path: Path, sql: str) -> list[tuple]:
         return con.execute(sql).fetchall()
     finally:
         con.close()
+
+
+def column_shapes(engine: Engine, table: str) -> list[tuple[Any, ...]]:
+    """MySQL/MariaDB: each column's name, position, full type, nullability, charset, collation
+    and primary-key position, from information_schema."""
+    with engine.connect() as conn:
+        cols = conn.execute(
+            text(
+                "SELECT c.ORDINAL_POSITION, c.COLUMN_NAME, c.COLUMN_TYPE, c.IS_NULLABLE, "
+                "c.CHARACTER_SET_NAME, c.COLLATION_NAME, k.ORDINAL_POSITION AS pk "
+                "FROM information_schema.COLUMNS c LEFT JOIN information_schema.KEY_COLUMN_USAGE k "
+                "ON k.TABLE_SCHEMA = c.TABLE_SCHEMA AND k.TABLE_NAME = c.TABLE_NAME "
+                "AND k.COLUMN_NAME = c.COLUMN_NAME AND k.CONSTRAINT_NAME = 'PRIMARY' "
+                "WHERE c.TABLE_SCHEMA = DATABASE() AND c.TABLE_NAME = :t "
+                "ORDER BY c.ORDINAL_POSITION"
+            ),
+            {"t": table},
+        )
+        return [tuple(r) for r in cols]

@@ -33,6 +33,7 @@ from tests.integration.archive_jobs_support import (
 )
 from tests.integration.restore_support import (
     assert_rows_identical,
+    column_shapes,
     reflected_rows,
     source_rows,
     sqlite_raw,
@@ -129,6 +130,11 @@ def test_every_kind_round_trips_exactly(
                 assert summary["ok"] and summary["conflicts"] == []
                 assert summary["inserted"] == {t: len(r) for t, r in expected.items() if r}
                 _assert_target_holds(empty, expected)
+                made = make_engine(empty)
+                for table in expected:  # the tables made from the manifest are the source's
+                    shape = column_shapes(made, table)
+                    assert shape and shape == column_shapes(platform_engine, table), table
+                made.dispose()
                 again = _restore(env, job, vol, empty)  # twice: nothing changes, exit 0
                 assert again["inserted"] == {}
                 assert again["skipped"] == summary["inserted"]
