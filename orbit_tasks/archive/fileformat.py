@@ -119,8 +119,8 @@ def parse_ts(s: str) -> datetime:
     """Inverse of :func:`format_ts`; returns a naive UTC datetime. Strict: raises FormatError."""
     if not isinstance(s, str) or not _TS.match(s):
         raise FormatError("timestamp is not YYYY-MM-DDTHH:MM:SS.ffffffZ")
-    try:
-        return datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ")
+    try:  # the pattern fixed the shape; fromisoformat is ~10x faster than strptime
+        return datetime.fromisoformat(s[:-1])
     except ValueError:
         raise FormatError("timestamp is not a valid date and time") from None
 

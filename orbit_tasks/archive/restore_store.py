@@ -18,7 +18,7 @@ from orbit_tasks.archive.table_schema import (
     SourceSchema,
     TableSpec,
     check_columns,
-    primary_key_of,
+    primary_key_at,
     sqlalchemy_table,
 )
 from orbit_tasks.db.engine import is_mysql
@@ -151,13 +151,14 @@ def existing_rows(
     ns_id: bytes,
     link_column: str,
     keys: Sequence[bytes],
-) -> dict[tuple[Any, ...], Mapping[Any, Any]]:
+) -> dict[tuple[Any, ...], tuple[Any, ...]]:
     """Target rows of the namespace whose ``link_column`` (the root's ``id``, a child's parent
-    column) is one of ``keys``, by primary key. A primary-key prefix on the source tables."""
+    column) is one of ``keys``: primary key -> values in ``spec.names`` order. A primary-key
+    prefix on the source tables."""
     if not keys:
         return {}
     q = existing_rows_query(table, spec, ns_id, link_column, keys)
-    return {primary_key_of(spec, r._mapping): r._mapping for r in conn.execute(q)}
+    return {primary_key_at(spec, r): tuple(r) for r in conn.execute(q)}
 
 
 def existing_rows_query(

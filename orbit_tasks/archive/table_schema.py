@@ -23,8 +23,9 @@ encoder refuses such values (``SOURCE_INVALID``), so they are not in the vocabul
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -109,9 +110,21 @@ class TableSpec:
                 return c
         raise KeyError(name)
 
-    @property
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
+
+    @functools.cached_property
+    def key_positions(self) -> tuple[int, ...]:
+        return tuple(self.names.index(k) for k in self.primary_key)
+
+    @functools.cached_property
+    def name_set(self) -> frozenset[str]:
+        return frozenset(c.name for c in self.columns)
+
+    @functools.cached_property
+    def decoders(self) -> tuple[tuple[str, Decoder], ...]:
+        return tuple((c.name, column_decoder(self.name, c)) for c in self.columns)
 
 
 @dataclass(frozen=True)
@@ -354,54 +367,101 @@ def sqlalchemy_table(
 # --------------------------------------------------------------------------- values
 
 
-def decode_value(table: str, col: ColumnSpec, value: Any) -> Any:
-    """One archived JSON value as the exact database value; :class:`FormatError` names the
-    column and the rule (never the value: it may be business content)."""
+Decoder = Callable[[Any], Any]
+
+
+def column_decoder(table: str, col: ColumnSpec) -> Decoder:
+    """A function from an archived JSON value of ``col`` to the exact database value. It raises
+    :class:`FormatError` naming the column and the rule, never the value (business content).
+    Built once per column: a restore decodes every value of every row."""
     where = f"{table}.{col.name}"
-    if value is None:
-        _need(col.nullable, f"{where}: null in a NOT NULL column")
-        return None
+
+    def bad(rule: str) -> FormatError:
+        return FormatError(f"{where}: {rule}")
+
+    def null() -> None:
+        if not col.nullable:
+            raise bad("null in a NOT NULL column")
+
     if col.encoding == "integer":
-        _need(isinstance(value, int) and not isinstance(value, bool), f"{where}: not an integer")
         bits = INT_BITS[col.base]
         lo, hi = (0, 2**bits - 1) if col.unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-        _need(lo <= value <= hi, f"{where}: integer out of range {lo}..{hi}")
-        return value
-    _need(isinstance(value, str), f"{where}: not a JSON string")
+
+        def integer(value: Any) -> Any:
+            if value is None:
+                return null()
+            if type(value) is not int:  # bool is not an integer here
+                raise bad("not an integer")
+            if not lo <= value <= hi:
+                raise bad(f"integer out of range {lo}..{hi}")
+            return value
+
+        return integer
     if col.encoding == "hex":
-        _need(bool(_HEX.match(value)), f"{where}: not lowercase hex")
-        data = bytes.fromhex(value)
-        n = col.length or 0
-        ok = len(data) == n if col.base == "BINARY" else len(data) <= n
-        _need(ok, f"{where}: {len(data)} bytes do not fit {col.type}")
-        return data
+        n, fixed = col.length or 0, col.base == "BINARY"
+
+        def binary(value: Any) -> Any:
+            if value is None:
+                return null()
+            if type(value) is not str or not _HEX.match(value):
+                raise bad("not lowercase hex")
+            data = bytes.fromhex(value)
+            if (len(data) != n) if fixed else (len(data) > n):
+                raise bad(f"{len(data)} bytes do not fit {col.type}")
+            return data
+
+        return binary
     if col.encoding == "timestamp":
-        try:
-            return parse_ts(value)
-        except FormatError as exc:
-            raise FormatError(f"{where}: {exc.args[0]}") from None
-    if col.base in TEXT_BYTES:
-        _need(len(value.encode("utf-8")) <= TEXT_BYTES[col.base], f"{where}: text too long")
-    else:
-        _need(len(value) <= (col.length or 0), f"{where}: more characters than {col.type}")
-    if col.charset == "ascii":
-        _need(value.isascii(), f"{where}: non-ASCII text in an ascii column")
-    elif col.charset in ("utf8", "utf8mb3"):
-        _need(all(ord(ch) <= 0xFFFF for ch in value), f"{where}: 4-byte UTF-8 in a utf8mb3 column")
-    return value
+
+        def timestamp(value: Any) -> Any:
+            if value is None:
+                return null()
+            try:
+                return parse_ts(value)
+            except FormatError as exc:
+                raise bad(exc.args[0]) from None
+
+        return timestamp
+    max_bytes = TEXT_BYTES.get(col.base)
+    max_chars = col.length or 0
+    ascii_only = col.charset == "ascii"
+    bmp_only = col.charset in ("utf8", "utf8mb3")
+
+    def text(value: Any) -> Any:
+        if value is None:
+            return null()
+        if type(value) is not str:
+            raise bad("not a JSON string")
+        if max_bytes is not None:
+            if len(value) * 4 > max_bytes and len(value.encode("utf-8")) > max_bytes:
+                raise bad("text too long")
+        elif len(value) > max_chars:
+            raise bad(f"more characters than {col.type}")
+        if ascii_only and not value.isascii():
+            raise bad("non-ASCII text in an ascii column")
+        if bmp_only and any(ord(ch) > 0xFFFF for ch in value):
+            raise bad("4-byte UTF-8 in a utf8mb3 column")
+        return value
+
+    return text
+
+
+def decode_value(table: str, col: ColumnSpec, value: Any) -> Any:
+    """One archived JSON value as the exact database value (see :func:`column_decoder`)."""
+    return column_decoder(table, col)(value)
 
 
 def decode_row(spec: TableSpec, row: Mapping[str, Any]) -> dict[str, Any]:
     """An archived row (column -> JSON value) as database values; its columns must be exactly
     the described ones."""
-    if set(row) != set(spec.names):
-        missing = sorted(set(spec.names) - set(row))
-        extra = sorted(set(row) - set(spec.names))
+    if row.keys() != spec.name_set:
+        missing = sorted(spec.name_set - set(row))
+        extra = sorted(set(row) - spec.name_set)
         raise FormatError(
             f"{spec.name}: archived row columns differ from the description "
             f"(missing {missing or 'none'}, extra {extra or 'none'})"
         )
-    return {c.name: decode_value(spec.name, c, row[c.name]) for c in spec.columns}
+    return {name: decode(row[name]) for name, decode in spec.decoders}
 
 
 def _normal(value: Any) -> Any:
@@ -411,10 +471,15 @@ def _normal(value: Any) -> Any:
 
 
 def differing_columns(
-    spec: TableSpec, wanted: Mapping[str, Any], found: Mapping[Any, Any]
+    spec: TableSpec, wanted: Mapping[str, Any], found: Sequence[Any]
 ) -> list[str]:
-    """Columns whose value in the target (``found``) is not exactly the archived one."""
-    return [c for c in spec.names if _normal(found.get(c)) != wanted[c]]
+    """Columns whose value in the target (``found``: the values in ``spec.names`` order) is
+    not exactly the archived one (same type and value)."""
+    names = spec.names
+    values = tuple(wanted[n] for n in names)
+    if values == tuple(found):
+        return []  # the common case of a re-run, in one comparison
+    return [n for n, a, b in zip(names, values, found, strict=True) if _normal(b) != a]
 
 
 def key_json(spec: TableSpec, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -433,6 +498,11 @@ def key_json(spec: TableSpec, row: Mapping[str, Any]) -> dict[str, Any]:
 
 def primary_key_of(spec: TableSpec, row: Mapping[Any, Any]) -> tuple[Any, ...]:
     return tuple(_normal(row[name]) for name in spec.primary_key)
+
+
+def primary_key_at(spec: TableSpec, values: Sequence[Any]) -> tuple[Any, ...]:
+    """The primary key of a row given as values in ``spec.names`` order."""
+    return tuple(_normal(values[i]) for i in spec.key_positions)
 
 
 def check_columns(spec: TableSpec, existing: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -226,9 +226,16 @@ def test_differing_columns_and_keys() -> None:
         "namespace_id": b"\x01" * 16, "id": b"\x02" * 16, "type": "t", "subject_id": None,
         "payload_json": "{}", "created_at": datetime(2026, 3, 1, 0, 0, 0, 5),
     }  # fmt: skip
-    assert ts.differing_columns(spec, row, {**row, "id": memoryview(b"\x02" * 16)}) == []
+    values = [row[n] for n in spec.names]
+    assert ts.differing_columns(spec, row, values) == []
+    as_view = [memoryview(v) if isinstance(v, bytes) else v for v in values]
+    assert ts.differing_columns(spec, row, as_view) == []  # drivers that return buffers
     later = {**row, "created_at": datetime(2026, 3, 1, 0, 0, 0, 6), "payload_json": "{ }"}
-    assert ts.differing_columns(spec, row, later) == ["payload_json", "created_at"]
+    changed = [later[n] for n in spec.names]
+    assert ts.differing_columns(spec, row, changed) == ["payload_json", "created_at"]
+    text_id = [v.hex() if isinstance(v, bytes) else v for v in values]  # same text, other type
+    assert ts.differing_columns(spec, row, text_id) == ["namespace_id", "id"]
+    assert ts.primary_key_at(spec, as_view) == (b"\x01" * 16, b"\x02" * 16)
     assert ts.key_json(spec, row) == {"namespace_id": "01" * 16, "id": "02" * 16}
 
 
