@@ -62,7 +62,7 @@ class ArchiveUnreadable(OrbitError):
     """A verified archive that cannot be decoded for a restore (or changed while read)."""
 
     def __init__(self, job_id: bytes, name: str, reason: str) -> None:
-        super().__init__(f"job {job_id.hex()}: {name}: {reason}; nothing was written")
+        super().__init__(f"job {job_id.hex()}: {name}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def open_job(platform: Engine, job: Job, directory: Path) -> JobArchive:
         raise ChainInvalid(report)
     named = sorted((p.seq, n) for n in list_names(directory) if (p := parse_name(n)) is not None)
     manifest_file = named[0][1]
-    data = _read(job, directory, manifest_file, parse_name(manifest_file))
+    data = _read(job, directory, manifest_file)
     try:
         manifest = decode_manifest(data)
         schema = schema_of(manifest)
@@ -198,26 +198,37 @@ def open_job(platform: Engine, job: Job, directory: Path) -> JobArchive:
     )
 
 
-def _read(job: Job, directory: Path, name: str, parsed: Any) -> bytes:
+CHANGED = "file changed after the chain was verified"
+
+
+def _sha_of(name: str) -> str:
+    parsed = parse_name(name)
+    assert parsed is not None, name  # only names of the verified chain get here
+    return parsed.sha256
+
+
+def _read(job: Job, directory: Path, name: str) -> bytes:
     try:
         data = read_file(directory / name)
     except (OSError, OrbitError):
         raise ArchiveUnreadable(job.id, name, "file cannot be read") from None
-    if parsed is None or sha256_hex(data) != parsed.sha256:
-        raise ArchiveUnreadable(job.id, name, "file changed after the chain was verified")
+    if sha256_hex(data) != _sha_of(name):
+        raise ArchiveUnreadable(job.id, name, CHANGED)
     return data
 
 
 def read_batches(archive: JobArchive) -> Iterator[tuple[int, str, DecodedBatch]]:
     """The batch files in order, each re-hashed and re-linked to its predecessor."""
-    link = parse_name(archive.manifest_file).sha256  # type: ignore[union-attr]
+    link = _sha_of(archive.manifest_file)
     for seq, name in enumerate(archive.batch_files, start=1):
-        parsed = parse_name(name)
-        data = _read(archive.job, archive.directory, name, parsed)
-        batch = decode_batch(data, settled_column=archive.schema.settled_column)
+        data = _read(archive.job, archive.directory, name)
+        try:
+            batch = decode_batch(data, settled_column=archive.schema.settled_column)
+        except FormatError:
+            raise ArchiveUnreadable(archive.job.id, name, CHANGED) from None
         if batch.header["seq"] != seq or batch.header["prev_sha256"] != link:
-            raise ArchiveUnreadable(archive.job.id, name, "file changed after verification")
-        link = parsed.sha256  # type: ignore[union-attr]
+            raise ArchiveUnreadable(archive.job.id, name, CHANGED)
+        link = _sha_of(name)
         yield seq, name, batch
 
 

@@ -316,8 +316,8 @@ def _run(
     else:
         for r in results:
             click.echo(
-                f"job {r.job_id} ({r.format}, {r.batches} batches): {r.roots} roots restored; "
-                f"inserted {_counts(r.inserted)}; already present {_counts(r.skipped)}"
+                f"job {r.job_id} ({r.format}, {r.batches} batches): {r.roots} roots in the "
+                f"target; inserted {_counts(r.inserted)}; already present {_counts(r.skipped)}"
             )
         for c in conflicts[:SHOWN_CONFLICTS]:
             click.echo(

@@ -137,6 +137,7 @@ def test_conflict_leaves_its_batch_unwritten_and_exits_3(
         assert summary["inserted"] == {"orbit_tasks": 1}  # ids[9] kept its attempts
         human = run_orbit(_args(job, vol, target_url), env)
         assert human.returncode == 3
+        assert "restore [" in human.stderr and "3/3 batches" in human.stderr  # the bar
         assert f'conflict: orbit_tasks {{"id": "{ids[5].hex()}"' in human.stdout
         target.dispose()
 
@@ -389,3 +390,29 @@ def test_gzip_of_a_restored_job_is_untouched(
         for name, data in after.items():
             if name.endswith(".gz"):
                 assert gzip.decompress(data).startswith(b'{"final":')
+
+
+def test_a_file_changed_after_verification_stops_the_restore(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path, target_url: str
+) -> None:
+    """Files are re-hashed and re-linked while read: a batch altered between the verification
+    and its turn stops the restore there, naming the file (earlier batches stay written)."""
+    from orbit_tasks.archive import restore
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        job, vol = _tasks_job(ae, tmp_path)
+        archive = restore.open_job(platform_engine, job, job_dir(vol, job.namespace_id, job.id))
+        restore.check_rows(archive)
+        last = archive.directory / archive.batch_files[2]
+        data = bytearray(last.read_bytes())
+        data[-12] ^= 0x01
+        last.write_bytes(bytes(data))
+        target = make_engine(target_url)
+        seen: list[int] = []
+        try:
+            with pytest.raises(restore.ArchiveUnreadable, match=last.name):
+                restore.restore_job(target, archive, on_batch=lambda b: seen.append(b.seq))
+        finally:
+            target.dispose()
+        assert seen == [1, 2]
+        assert _count(target_url, tasks) == 8
