@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "credential",
     "dev",
     "job",
+    "restore",  # adds `restore` to the job and archive groups
     "worker",
     "demo",
     "flower",

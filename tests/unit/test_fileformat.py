@@ -250,11 +250,12 @@ def test_manifest_keys_exactly_spec() -> None:
         "from": "2026-03-01T12:00:00.000000Z",
         "until": "2026-03-02T00:00:00.000000Z",
     }
-    assert doc["source"] == {
-        "table": "orbit_tasks",
-        "settled_column": "finished_at",
-        "children": [{"table": "orbit_task_attempts", "parent_column": "task_id"}],
-    }
+    assert doc["format"] == "orbit-archive/2"
+    src = doc["source"]
+    assert (src["table"], src["settled_column"]) == ("orbit_tasks", "finished_at")
+    assert [(c["table"], c["parent_column"]) for c in src["children"]] == [
+        ("orbit_task_attempts", "task_id")
+    ]  # the column descriptions: tests/unit/test_table_schema.py
     assert doc["namespace_id"] == NS.hex() and doc["storage_id"] == STORAGE.hex()
     assert ff.decode_manifest(data) == doc
     assert json.loads(manifest())["range"]["from"] is None
@@ -270,7 +271,8 @@ def test_decode_manifest_rejects() -> None:
     for mutate in (
         lambda d: d.pop("kind"),
         lambda d: d.update(extra=1),
-        lambda d: d.update(format="orbit-archive/2"),
+        lambda d: d.update(format="orbit-archive/3"),
+        lambda d: d.update(format="orbit-archive/1"),  # a format-1 manifest has no columns
         lambda d: d.update(job_id="XY"),
         lambda d: d.update(batch_size=0),
         lambda d: d.update(roots_total=-1),
@@ -530,7 +532,8 @@ def test_duplicate_and_foreign_files() -> None:
     alt = build_chain([[record(1), record(2)], [record(3, attempts=2), record(4)], [record(5)]])
     dup = (alt.name(2), alt.data(2))  # a valid batch 2 that is not the confirmed one
     r = _bad([*c.files, dup], c.expect)
-    assert r.first_bad_file == dup[0] and "second file" in (r.reason or "")
+    # Both files fit the chain at position 2; the one whose name sorts second is reported.
+    assert r.first_bad_file == max(dup[0], c.name(2)) and "second file" in (r.reason or "")
     r = _bad([*c.files, ("notes.txt", b"hi")], c.expect)
     assert r.first_bad_file == "notes.txt"
 
