@@ -28,7 +28,8 @@ from orbit_tasks.archive.fileformat import format_ts
 from orbit_tasks.archive.restore import EVERYTHING, BatchResult, JobArchive, JobResult, Window
 from orbit_tasks.archive.volume import read_identity
 from orbit_tasks.cli.archive import archive_group
-from orbit_tasks.cli.common import describe_operational_error, json_option
+from orbit_tasks.cli.common import json_option
+from orbit_tasks.cli.errors import describe_operational_error
 from orbit_tasks.cli.job import job_group
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.registry import platform_engine
