@@ -47,8 +47,8 @@ def load_seed(url: str, seed_file: str, edit: Callable[[str], str] = lambda s: s
 
 
 def mariadb_snapshot(url: str) -> dict[str, Any]:
-    """Every table of the database with its ``SHOW CREATE TABLE`` and a digest of all its rows
-    in key order: equal snapshots mean nothing was created, altered or written."""
+    """Every table of the database with its ``SHOW CREATE TABLE``, its row count and a digest of
+    all its rows (sorted): equal snapshots mean nothing was created, altered or written."""
     engine = create_engine(url + "?charset=utf8mb4")
     try:
         with engine.connect() as conn:
@@ -56,10 +56,10 @@ def mariadb_snapshot(url: str) -> dict[str, Any]:
             snap: dict[str, Any] = {}
             for table in tables:
                 ddl = conn.execute(text(f"SHOW CREATE TABLE `{table}`")).one()[1]
-                digest = hashlib.sha256()
-                for row in conn.execute(text(f"SELECT * FROM `{table}` ORDER BY 1, 2")):
-                    digest.update(repr(tuple(row)).encode())
-                snap[table] = (ddl, digest.hexdigest())
+                query = text(f"SELECT * FROM `{table}`")
+                rows = sorted(repr(tuple(r)) for r in conn.execute(query))
+                digest = hashlib.sha256("\n".join(rows).encode()).hexdigest()
+                snap[table] = (ddl, len(rows), digest)
             return snap
     finally:
         engine.dispose()
