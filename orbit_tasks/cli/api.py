@@ -7,6 +7,7 @@ import logging
 import click
 
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.db.schema_check import require_schema
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 
@@ -42,6 +43,7 @@ def serve(host: str, port: int, log_level: str) -> None:
     from orbit_tasks.api.app import create_app
 
     logging.getLogger("orbit_tasks").setLevel(log_level.upper())
+    require_schema(platform_engine(), "platform")  # SPEC §12: refuse a missing or different schema
     app = create_app(platform_engine())
     uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
 
