@@ -1,6 +1,6 @@
 """Deployable Celery settings, read from the environment through orbit_tasks' one Settings object.
 
-SPEC §7 / DEVELOPERS.md: explicit queue lists per worker, prefetch 1, late acks, results ignored,
+SPEC §7, docs/decisions.md: explicit queue lists per worker, prefetch 1, late acks, results ignored,
 time limits below the lease, task events on for Flower, no ETA/countdown (the database holds time).
 """
 

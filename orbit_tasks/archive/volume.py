@@ -1,6 +1,6 @@
 """Archive volumes on disk: the identity file, durable writes, job file listing and cleanup.
 
-Durable write protocol (DEVELOPERS.md): write to a ``.tmp-`` name, ``fsync`` it, ``rename`` to the
+Durable write protocol (SPEC §5 step 4): write to a ``.tmp-`` name, ``fsync`` it, ``rename`` to the
 final name, ``fsync`` the directory; only then may the database confirm the file.
 
 Job files (:func:`write_job_file`) are content-addressed (``<seq>-<sha256>...``), so one name has
