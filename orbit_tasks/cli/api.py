@@ -43,7 +43,9 @@ def serve(host: str, port: int, log_level: str) -> None:
     from orbit_tasks.api.app import create_app
 
     logging.getLogger("orbit_tasks").setLevel(log_level.upper())
-    require_schema(platform_engine(), "platform")  # SPEC §12: refuse a missing or different schema
+    # SPEC §12: refuse a missing or different schema; a database that is down at start is not
+    # refused (the API answers 503 until it is back, see docs/schema.md)
+    require_schema(platform_engine(), "platform", allow_unreachable=True)
     app = create_app(platform_engine())
     uvicorn.run(app, host=host, port=port, log_level=log_level, server_header=False)
 

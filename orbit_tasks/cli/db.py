@@ -42,8 +42,8 @@ def _commands(group: click.Group, chain: Chain, engine: Callable[[], Engine]) ->
             click.get_current_context().exit(1)
 
     db_check.help = (
-        f"Compare {where} with this release's schema: exit 0 when it is at head and every table "
-        "matches, else 1 with the differences, table by table."
+        f"Check {where} against this release's schema. Exit 0 when it is at head and every "
+        "table matches, else 1 with the differences, table by table."
         + (
             " Tables without a migration record pass by shape alone."
             if not spec.record_required

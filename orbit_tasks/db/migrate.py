@@ -29,6 +29,7 @@ from orbit_tasks.db.schema_check import (
     CHAINS,
     MIGRATIONS,
     Chain,
+    Comparison,
     SchemaMismatch,
     chain_spec,
     compare_tables,
@@ -134,7 +135,7 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
     return result
 
 
-def _mismatch_message(database: str, revision: str, found: Any) -> str:
+def _mismatch_message(database: str, revision: str, found: Comparison) -> str:
     lines = [
         f"{database}: {len(found.differences)} existing table(s) differ from revision {revision}; "
         "nothing was changed"

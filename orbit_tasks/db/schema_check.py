@@ -13,6 +13,7 @@ line naming the table and the command that fixes it.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +22,11 @@ from typing import Any, Literal
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Engine, MetaData, create_engine, inspect, text
+from sqlalchemy import Engine, MetaData, bindparam, create_engine, inspect, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
 
+from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.schema_facts import (
     ColumnFacts,
     TableFacts,
@@ -36,9 +39,11 @@ from orbit_tasks.db.schema_facts import (
 )
 from orbit_tasks.db.sql_expr import constraints_of_create_table
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
+from orbit_tasks.logs import log_action
 
 Chain = Literal["platform", "business"]
 MIGRATIONS = Path(__file__).parent / "migrations"
+logger = logging.getLogger("orbit.db")
 
 
 class SchemaNotReady(OrbitError):
@@ -219,8 +224,6 @@ _MYSQL_QUERIES = {
 
 
 def _mysql_facts(conn: Connection, names: list[str]) -> dict[str, TableFacts]:
-    from sqlalchemy import bindparam
-
     mariadb = bool(getattr(conn.dialect, "is_mariadb", False))
     keys = ["tables", "columns", "indexes", "checks_mariadb" if mariadb else "checks_mysql"]
     rows: dict[str, dict[str, list[Any]]] = {}
@@ -404,10 +407,26 @@ def inspect_schema(engine: Engine, chain: Chain) -> SchemaReport:
         return inspect_schema_on(conn, chain)
 
 
-def require_schema(engine: Engine, chain: Chain) -> None:
+def require_schema(engine: Engine, chain: Chain, *, allow_unreachable: bool = False) -> None:
     """Raise :class:`SchemaNotReady` (one line) unless ``chain``'s schema is at head and matches.
 
-    The start check of workers, beat, the API and the exporter."""
-    report = inspect_schema(engine, chain)
+    The start check of workers, beat, the API and the exporter. An unreachable database raises
+    the driver's error (the CLI prints "database unavailable"), unless ``allow_unreachable``: a
+    server that answers 503 while its database is down (the API, the exporter) starts anyway,
+    unchecked, and says so in its log."""
+    try:
+        report = inspect_schema(engine, chain)
+    except OperationalError as exc:
+        if not (allow_unreachable and is_transient_db(exc)):
+            raise
+        log_action(
+            logger,
+            "db.schema.unchecked",
+            logging.WARNING,
+            database=chain,
+            reason="database unavailable",
+            driver_code=driver_code(exc),
+        )
+        return
     if not report.ok:
         raise SchemaNotReady(report.one_line())
