@@ -33,9 +33,11 @@ from orbit_tasks.db.schema_check import (
     SchemaMismatch,
     chain_spec,
     compare_tables,
+    difference_lines,
     head_revision,
     is_known_revision,
     recorded_revision,
+    unknown_revision,
 )
 from orbit_tasks.errors import ConflictError
 from orbit_tasks.logs import log_action
@@ -101,8 +103,7 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
         previous = recorded_revision(conn, spec)
         if previous is not None and not is_known_revision(chain, previous):
             raise ConflictError(
-                f"{spec.database}: revision {previous} is recorded but unknown to this "
-                f"orbit-tasks (head {head_revision(chain)}); it was upgraded by a newer release"
+                f"{spec.database}: {unknown_revision(previous, head_revision(chain))}"
             )
         created: list[str] = []
         adopted: list[str] = []
@@ -136,14 +137,11 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
 
 
 def _mismatch_message(database: str, revision: str, found: Comparison) -> str:
-    lines = [
+    head = (
         f"{database}: {len(found.differences)} existing table(s) differ from revision {revision}; "
         "nothing was changed"
-    ]
-    for table, diffs in found.differences.items():
-        lines.append(f"  {table}:")
-        lines += [f"    {d}" for d in diffs]
-    return "\n".join(lines)
+    )
+    return "\n".join([head, *difference_lines(found.differences)])
 
 
 def _alembic(conn: Connection, chain: Chain, action: str, revision: str) -> None:

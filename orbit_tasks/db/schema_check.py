@@ -307,6 +307,22 @@ def compare_tables(conn: Connection, metadata: MetaData) -> Comparison:
     return Comparison(present, [n for n in names if n not in actual], differences)
 
 
+def difference_lines(differences: dict[str, list[str]]) -> list[str]:
+    """The differences table by table, indented under each table's name."""
+    out = []
+    for table, diffs in differences.items():
+        out.append(f"  {table}:")
+        out += [f"    {d}" for d in diffs]
+    return out
+
+
+def unknown_revision(recorded: str, head: str) -> str:
+    return (
+        f"revision {recorded} is recorded but unknown to this orbit-tasks (head {head}): "
+        "the database was upgraded by a newer release"
+    )
+
+
 @dataclass
 class SchemaReport:
     spec: ChainSpec
@@ -343,10 +359,7 @@ class SchemaReport:
                 f"  missing tables: {', '.join(self.missing)} (`{self.spec.upgrade_command}` "
                 "creates them)"
             )
-        for table, diffs in self.differences.items():
-            out.append(f"  {table}:")
-            out += [f"    {d}" for d in diffs]
-        return out
+        return out + difference_lines(self.differences)
 
     def one_line(self) -> str:
         """The first problem in one line, naming the table and the command that fixes it (a table
@@ -384,10 +397,7 @@ def inspect_schema_on(conn: Connection, chain: Chain) -> SchemaReport:
     metadata = spec.head_metadata()
     report = SchemaReport(spec, recorded, head, [t.name for t in metadata.sorted_tables])
     if recorded is not None and not is_known_revision(chain, recorded):
-        report.revision_problem = (
-            f"revision {recorded} is recorded but unknown to this orbit-tasks (head {head}): "
-            "the database was upgraded by a newer release"
-        )
+        report.revision_problem = unknown_revision(recorded, head)
         return report
     if recorded is not None and recorded != head:
         report.revision_problem = (
