@@ -1,6 +1,6 @@
 """Keyset pagination on MariaDB: expanded form vs row constructor, in one run (NOT a test).
 
-DEVELOPERS.md measured the row-constructor form ``(a, b) > (:a, :b)`` 17x slower than the
+SPEC §2 records the row-constructor form ``(a, b) > (:a, :b)`` 17x slower than the
 expanded ``a > :a OR (a = :a AND b > :b)`` on MariaDB 10.11. This re-measures both on the archive's
 real batch query shape (orbit_events, index ix_event_settled) and writes bench/keyset.json.
 

@@ -7,6 +7,7 @@ import logging
 import click
 
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.db.schema_check import require_schema
 from orbit_tasks.logs import configure_from_settings
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
@@ -45,6 +46,9 @@ def serve(host: str, port: int, log_level: str) -> None:
     # uvicorn's loggers go through the one root handler (text or json, SPEC §12 "Logs");
     # ORBIT_LOG_LEVEL, when set, wins over --log-level.
     configure_from_settings(log_level.upper())
+    # SPEC §12: refuse a missing or different schema; a database that is down at start is not
+    # refused (the API answers 503 until it is back, see docs/schema.md)
+    require_schema(platform_engine(), "platform", allow_unreachable=True)
     app = create_app(platform_engine())
     uvicorn.run(
         app,

@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from orbit_tasks.cli.common import emit, emit_table, json_option
+from orbit_tasks.cli.db import sender_db_group
 from orbit_tasks.db.engine import db_now
-from orbit_tasks.db.migrate import upgrade
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
 from orbit_tasks.logs import log_action
@@ -25,17 +25,7 @@ def sender_group() -> None:
     """Outbox sender (business database)."""
 
 
-@sender_group.group("db")
-def sender_db() -> None:
-    """Business database (not part of the platform migrations)."""
-
-
-@sender_db.command("upgrade")
-@json_option
-def sender_db_upgrade(as_json: bool) -> None:
-    """Create or upgrade the sender tables in the business database."""
-    upgrade(business_engine(), "business")
-    emit({"database": "business", "revision": "head"}, as_json, "business database is up to date")
+sender_group.add_command(sender_db_group)  # orbit sender db upgrade|check|current (cli/db.py)
 
 
 def _hex(value: str, what: str) -> str:

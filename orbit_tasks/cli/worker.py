@@ -5,6 +5,10 @@ Every worker gets an explicit queue list (``-Q``), fair scheduling and prefetch 
 or unreadable, exit 3 when two paths hold the same storage) and that its storage is registered in
 the platform database (exit 4), then passes the mounted volumes to the worker processes in
 ``ORBIT_ARCHIVE_VOLUMES`` and replaces itself with ``celery worker`` (``os.execve``).
+
+Every process first checks the schema of the database its tasks use (SPEC §12, docs/schema.md)
+and refuses to start, in one line naming the table and the command that fixes it, when a table is
+missing or differs or the revision is not head.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import click
 from orbit_tasks.archive.volume import read_identity
 from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.cli.common import emit
-from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.db.registry import business_engine, platform_engine
+from orbit_tasks.db.schema_check import Chain, require_schema
 from orbit_tasks.errors import ConflictError, NotFound
 from orbit_tasks.platform import store
 from orbit_tasks.settings import get_settings
@@ -29,6 +34,25 @@ from orbit_tasks.settings import get_settings
 CONTROL_QUEUE = "orbit.control"
 SENDER_QUEUE = "orbit.sender"
 VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
+
+
+def _require_schemas(*chains: Chain) -> None:
+    """The start check: refuse a missing or different schema before any process starts."""
+    for chain in chains:
+        require_schema(platform_engine() if chain == "platform" else business_engine(), chain)
+
+
+def _beat_chains() -> list[Chain]:
+    """Beat schedules the archive tick (platform database) and the sender tick (business
+    database). A deployment may run one side only (an application runs beat for its outbox
+    alone), so beat checks the databases the environment names; with neither named, the
+    embedded defaults of both (the demo)."""
+    named: list[Chain] = []
+    if os.environ.get("ORBIT_DATABASE_URL"):
+        named.append("platform")
+    if os.environ.get("ORBIT_SENDER_DATABASE_URL"):
+        named.append("business")
+    return named or ["platform", "business"]
 
 
 def _celery(*args: str) -> list[str]:
@@ -133,6 +157,7 @@ def worker_archive(
     celery_args: tuple[str, ...],
 ) -> None:
     """Consume the queues of the given volumes (and orbit.control unless --no-control)."""
+    _require_schemas("platform")
     mounted: dict[str, str] = {}
     with platform_engine().connect() as conn:
         for path in volumes:
@@ -160,6 +185,7 @@ def worker_archive(
 def _single_queue_worker(
     queue: str,
     kind: str,
+    chain: Chain,
     *,
     concurrency: int,
     name: str | None,
@@ -168,7 +194,9 @@ def _single_queue_worker(
     print_command: bool,
     celery_args: tuple[str, ...],
 ) -> None:
-    """A worker that consumes exactly one queue and mounts no volume."""
+    """A worker that consumes exactly one queue, whose tasks use ``chain``'s database, and
+    mounts no volume."""
+    _require_schemas(chain)
     env = dict(os.environ)
     env.pop(VOLUMES_ENV, None)
     argv = _worker_argv([queue], concurrency, _node(name, kind), pool, loglevel, celery_args)
@@ -179,14 +207,14 @@ def _single_queue_worker(
 @common_options
 def worker_control(**opts: Any) -> None:
     """Consume orbit.control only (ticks)."""
-    _single_queue_worker(CONTROL_QUEUE, "control", **opts)
+    _single_queue_worker(CONTROL_QUEUE, "control", "platform", **opts)
 
 
 @worker_group.command("sender", epilog=_EPILOG)
 @common_options
 def worker_sender(**opts: Any) -> None:
     """Consume orbit.sender only (outbox relay)."""
-    _single_queue_worker(SENDER_QUEUE, "sender", **opts)
+    _single_queue_worker(SENDER_QUEUE, "sender", "business", **opts)
 
 
 @click.command("beat")
@@ -194,6 +222,7 @@ def worker_sender(**opts: Any) -> None:
 @click.option("--print-command", is_flag=True, help="Print the celery command as JSON only.")
 def beat(loglevel: str, print_command: bool) -> None:
     """Run Celery beat (exactly one per deployment); its schedule file lives under var/."""
+    _require_schemas(*_beat_chains())
     var_dir = get_settings().var_dir
     if not print_command:
         var_dir.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,50 @@
 """Two Alembic chains: ``platform`` (archive + platform tables) and ``business`` (sender tables,
 not part of the platform migrations). Driven programmatically; no ``alembic.ini`` needed.
+
+:func:`upgrade` also adopts tables that already exist (SPEC §12, docs/schema.md): created by hand
+from the seed DDL or by the application's own migration tool. It compares them with the baseline
+revision's frozen definitions first; if one differs it changes nothing (not even a version table)
+and raises :class:`SchemaMismatch` (exit 3) listing the differences; if they match it creates only
+the missing tables, records the baseline revision and continues to head. It never drops, alters or
+rewrites an existing table and touches no row.
 """
 
 from __future__ import annotations
 
 import io
-from pathlib import Path
-from typing import Literal
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import Connection
 
-Chain = Literal["platform", "business"]
-MIGRATIONS = Path(__file__).parent / "migrations"
-VERSION_TABLES = {"platform": "orbit_alembic_version", "business": "sender_alembic_version"}
+from orbit_tasks.db.engine import is_mysql
+from orbit_tasks.db.migrations.frozen_0001 import create_statements
+from orbit_tasks.db.schema_check import (
+    CHAINS,
+    MIGRATIONS,
+    Chain,
+    Comparison,
+    SchemaMismatch,
+    chain_spec,
+    compare_tables,
+    difference_lines,
+    head_revision,
+    is_known_revision,
+    recorded_revision,
+    unknown_revision,
+)
+from orbit_tasks.errors import ConflictError
+from orbit_tasks.logs import log_action
+
+logger = logging.getLogger("orbit.db")
+VERSION_TABLES = {chain: spec.version_table for chain, spec in CHAINS.items()}
+UPGRADE_LOCK_WAIT_SECONDS = 60
 
 
 def alembic_config(chain: Chain, url: str | None = None) -> Config:
@@ -26,12 +56,134 @@ def alembic_config(chain: Chain, url: str | None = None) -> Config:
     return cfg
 
 
-def upgrade(engine: Engine, chain: Chain, revision: str = "head") -> None:
-    """Apply ``chain`` up to ``revision`` on ``engine``."""
+@dataclass(frozen=True)
+class UpgradeResult:
+    chain: Chain
+    previous: str | None  # the revision recorded before
+    revision: str  # the revision recorded now
+    created: tuple[str, ...]
+    adopted: tuple[str, ...]
+
+    @property
+    def action(self) -> str:
+        if self.adopted:
+            return "adopted"
+        if self.created:
+            return "created"
+        return "current" if self.previous == self.revision else "upgraded"
+
+    def message(self) -> str:
+        db = chain_spec(self.chain).database
+        if self.action == "current":
+            return f"{db}: already current (revision {self.revision}); nothing changed"
+        done = []
+        if self.adopted:
+            done.append(f"adopted {len(self.adopted)} existing tables")
+        if self.created:
+            done.append(f"created {len(self.created)} tables")
+        if self.previous not in (None, self.revision) or not done:
+            done.append(f"upgraded from {self.previous} to {self.revision}")
+        return f"{db}: {', '.join(done)}; revision {self.revision} recorded"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "database": self.chain,
+            "action": self.action,
+            "previous": self.previous,
+            "revision": self.revision,
+            "created": list(self.created),
+            "adopted": list(self.adopted),
+        }
+
+
+def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
+    """Bring ``chain`` to head on ``engine``, adopting matching tables that already exist."""
+    spec = chain_spec(chain)
+    with engine.connect() as conn, _upgrade_lock(conn, chain), conn.begin():
+        previous = recorded_revision(conn, spec)
+        if previous is not None and not is_known_revision(chain, previous):
+            raise ConflictError(
+                f"{spec.database}: {unknown_revision(previous, head_revision(chain))}"
+            )
+        created: list[str] = []
+        adopted: list[str] = []
+        if previous in (None, spec.baseline):
+            baseline = spec.baseline_metadata()
+            found = compare_tables(conn, baseline)
+            if found.differences:
+                raise SchemaMismatch(_mismatch_message(spec.database, spec.baseline, found))
+            created = found.missing
+            if found.present or previous is not None:  # else a fresh database: revisions run
+                for statement in create_statements(baseline, only=found.missing):
+                    conn.execute(statement)
+                if previous is None:
+                    adopted = found.present
+                    _alembic(conn, chain, "stamp", spec.baseline)
+        _alembic(conn, chain, "upgrade", "head")
+        result = UpgradeResult(
+            chain, previous, head_revision(chain), tuple(created), tuple(adopted)
+        )
+    log_action(
+        logger,
+        "db.upgraded",
+        database=chain,
+        outcome=result.action,
+        previous=previous,
+        revision=result.revision,
+        created=len(created),
+        adopted=len(adopted),
+    )
+    return result
+
+
+def _mismatch_message(database: str, revision: str, found: Comparison) -> str:
+    head = (
+        f"{database}: {len(found.differences)} existing table(s) differ from revision {revision}; "
+        "nothing was changed"
+    )
+    return "\n".join([head, *difference_lines(found.differences)])
+
+
+def _alembic(conn: Connection, chain: Chain, action: str, revision: str) -> None:
     cfg = alembic_config(chain)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
+    cfg.attributes["connection"] = conn
+    if action == "stamp":
+        command.stamp(cfg, revision)
+    else:
         command.upgrade(cfg, revision)
+
+
+@contextmanager
+def _upgrade_lock(conn: Connection, chain: Chain) -> Iterator[None]:
+    """One upgrade per database and chain at a time. MySQL DDL commits implicitly, so two racing
+    upgrades would both see a table missing (or one the other's tables without its version row);
+    a named server lock, held until the upgrade has committed, serialises them (SQLite's
+    ``BEGIN IMMEDIATE`` transaction already does)."""
+    if not is_mysql(conn):
+        yield
+        return
+    name = "LEFT(CONCAT('orbit.upgrade.', :chain, '.', DATABASE()), 64)"
+    got = conn.execute(
+        text(f"SELECT GET_LOCK({name}, :wait)"),
+        {"chain": chain, "wait": UPGRADE_LOCK_WAIT_SECONDS},
+    ).scalar()
+    conn.commit()  # the lock belongs to the session; the upgrade runs in its own transaction
+    if got != 1:
+        raise ConflictError(
+            f"another `{chain_spec(chain).upgrade_command}` holds this database for more than "
+            f"{UPGRADE_LOCK_WAIT_SECONDS} s; retry when it has finished"
+        )
+    try:
+        yield  # released only after the upgrade's transaction has committed or rolled back
+    finally:
+        conn.execute(text(f"SELECT RELEASE_LOCK({name})"), {"chain": chain})
+        conn.commit()
+
+
+def current(engine: Engine, chain: Chain) -> str | None:
+    """The revision recorded in ``chain``'s version table (``None``: none recorded)."""
+    with engine.connect() as conn:
+        return recorded_revision(conn, chain_spec(chain))
 
 
 def render_sql(chain: Chain, url: str, revision: str = "head") -> str:

@@ -1,6 +1,6 @@
 """Platform database schema (SQLAlchemy Core).
 
-``orbit_archive_plans`` and ``orbit_archive_jobs`` are the seed DDL (``shared/seeds``) byte for
+``orbit_archive_plans`` and ``orbit_archive_jobs`` are the seed DDL (``seeds/``) byte for
 byte: column order, types, defaults, comments, index and CHECK names. The other tables are SPEC §3.
 No foreign keys anywhere (seed rule); cross-table consistency is checked inside transactions.
 """

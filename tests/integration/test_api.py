@@ -498,8 +498,14 @@ def test_unreachable_database_is_503_and_broken_schema_is_500_without_leaks(
             resp = client.get("/v1/credential", headers={"Authorization": f"Bearer {token}"})
             assert (resp.status_code, error_code(resp)) == (503, "unavailable")
         down_log = down.output()
-    # an empty (never migrated) database: the SQL itself fails
-    with running_api_server(mariadb_url) as broken:
+    # a table dropped after the start check (an empty database is refused at start): the SQL
+    # itself fails
+    with (
+        migrated_engine(mariadb_url, "platform") as engine,
+        running_api_server(mariadb_url) as broken,
+    ):
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE orbit_credentials")
         with httpx.Client(base_url=broken.base_url, timeout=60) as client:
             resp = client.post(
                 "/v1/namespaces/acme/queues/q/tasks", headers=post_headers, content=body
@@ -507,6 +513,7 @@ def test_unreachable_database_is_503_and_broken_schema_is_500_without_leaks(
             assert (resp.status_code, error_code(resp)) == (500, "internal")
         broken_log = broken.output()
     assert "api.db.unavailable" in down_log
+    assert "db.schema.unchecked" in down_log  # started although its schema could not be checked
     assert "api.request.failed" in broken_log
     for log_text in (down_log, broken_log):
         assert "Traceback" not in log_text

@@ -272,6 +272,7 @@ def test_worker_archive_verifies_volumes_before_starting(
         assert twice.returncode == 3
         ctl = cli_json(ae.orbit("worker", "control", "--print-command"))["argv"]
         assert ctl[ctl.index("-Q") + 1] == "orbit.control"
+        ae.orbit("sender", "db", "upgrade")  # the sender worker checks its schema first
         snd = cli_json(ae.orbit("worker", "sender", "--print-command"))["argv"]
         assert snd[snd.index("-Q") + 1] == "orbit.sender"
         beat = cli_json(ae.orbit("beat", "--print-command"))["argv"]

@@ -1,25 +1,19 @@
 """The four seed tables come out of the project's migrations exactly as the seed DDL (SPEC §2).
 
 One database gets the seed DDL (collation-mapped for MariaDB), another the Alembic chains; the
-information_schema views of the two must be identical for the four tables.
+information_schema views of the two must be identical for the four tables. The seed DDL is the
+repository's own copy (``seeds/``), kept byte-identical to the upstream one beside a clone.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 
-from orbit_tasks.db.collation import map_collations_for_mariadb
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import render_sql, upgrade
 from tests.dbutil import mariadb_database
-
-SEEDS = Path(__file__).resolve().parents[3] / "shared" / "seeds"
-if not SEEDS.is_dir():  # CI clones into another folder with shared/ beside it
-    SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"
+from tests.schema_support import REPO, SEEDS, UPSTREAM, load_seed
 
 PLATFORM = ("orbit_archive_plans", "orbit_archive_jobs")
 BUSINESS = ("sender_outbox", "sender_jobs")
@@ -60,17 +54,6 @@ def _schema_facts(engine: Engine, schema: str, tables: tuple[str, ...]) -> dict[
     return facts
 
 
-def _load_seed(url: str, seed_file: str) -> None:
-    ddl = map_collations_for_mariadb((SEEDS / seed_file).read_text(encoding="utf-8"))
-    engine = create_engine(url + "?charset=utf8mb4")
-    with engine.begin() as conn:
-        for stmt in re.split(r";\s*(?=CREATE TABLE|$)", ddl):
-            body = "\n".join(line for line in stmt.splitlines() if not line.startswith("--"))
-            if body.strip():
-                conn.exec_driver_sql(body.replace("%", "%%"))
-    engine.dispose()
-
-
 @pytest.mark.mariadb
 @pytest.mark.parametrize(
     ("chain", "seed_file", "tables"),
@@ -78,7 +61,7 @@ def _load_seed(url: str, seed_file: str) -> None:
 )
 def test_migrations_match_seed_ddl(chain: str, seed_file: str, tables: tuple[str, ...]) -> None:
     with mariadb_database("orbit_seed") as seed_url, mariadb_database("orbit_mig") as mig_url:
-        _load_seed(seed_url, seed_file)
+        load_seed(seed_url, seed_file)
         engine = make_engine(mig_url)
         upgrade(engine, chain)  # type: ignore[arg-type]
         seed_engine = make_engine(seed_url)
@@ -114,3 +97,24 @@ def test_mariadb_ddl_maps_collations() -> None:
     assert "0900" not in plans + jobs
     assert "COLLATE utf8mb4_uca1400_as_cs" in plans
     assert "COLLATE utf8mb4_bin" in jobs
+
+
+def test_repository_carries_the_seed_ddl_and_the_design() -> None:
+    """A clone stands alone: the seed DDL and the design are inside the repository."""
+    assert sorted(p.name for p in SEEDS.iterdir()) == ["orbit_archive.sql", "sender_outbox.sql"]
+    assert "CREATE TABLE orbit_archive_jobs" in (SEEDS / "orbit_archive.sql").read_text("utf-8")
+    design = (REPO / "docs" / "design.md").read_text("utf-8")
+    assert "## 12. Operations: schema lifecycle, Flower, metrics, logs" in design
+
+
+@pytest.mark.skipif(
+    not (UPSTREAM / "seeds").is_dir(), reason="no upstream shared/ folder beside this clone"
+)
+def test_seed_copy_and_design_are_identical_to_upstream() -> None:
+    upstream = sorted(p.name for p in (UPSTREAM / "seeds").iterdir() if p.suffix == ".sql")
+    assert sorted(p.name for p in SEEDS.iterdir()) == upstream
+    for name in upstream:
+        assert (SEEDS / name).read_bytes() == (UPSTREAM / "seeds" / name).read_bytes(), name
+    marker = "<!-- verbatim copy of SPEC.md below this line -->\n"
+    design = (REPO / "docs" / "design.md").read_text("utf-8")
+    assert design.split(marker, 1)[1] == (UPSTREAM / "SPEC.md").read_text("utf-8")

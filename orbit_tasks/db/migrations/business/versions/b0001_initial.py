@@ -1,17 +1,16 @@
 """Initial business schema: the sender outbox seed tables (not part of platform migrations).
 
-Revision 0001 creates the tables as defined in ``orbit_tasks.db.business_tables`` at this
-revision. Any later change to that module must come as a new
-revision (and this one must then be frozen to a copy of today's definitions).
+Builds its tables from its own frozen copy (``b0001_tables.py``, SPEC §12), never from the live
+table module, so that a later change of that module cannot change what this revision created.
 
 Revision ID: b0001
 Revises:
 """
 
 from alembic import op
-from sqlalchemy.schema import CreateIndex, CreateTable
 
-from orbit_tasks.db.business_tables import metadata
+from orbit_tasks.db.migrations.business.b0001_tables import metadata
+from orbit_tasks.db.migrations.frozen_0001 import create_statements
 
 revision = "b0001"
 down_revision = None
@@ -20,11 +19,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # DDL elements (not Table.create) so that online and offline (--sql) render the same.
-    for table in metadata.sorted_tables:
-        op.execute(CreateTable(table))
-        for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            op.execute(CreateIndex(index))
+    for statement in create_statements(metadata):
+        op.execute(statement)
 
 
 def downgrade() -> None:

@@ -1,18 +1,16 @@
 """Initial platform schema: seed archive tables, tenants, volumes, policies, API, history sources.
 
-Revision 0001 creates the tables as defined in ``orbit_tasks.db.platform_tables`` and
-``history_tables`` at this revision. Any later change to those modules must come as a new
-revision (and this one must then be frozen to a copy of today's definitions).
+Builds its tables from its own frozen copy (``p0001_tables.py``, SPEC §12), never from the live
+table modules, so that a later change of those modules cannot change what this revision created.
 
 Revision ID: p0001
 Revises:
 """
 
 from alembic import op
-from sqlalchemy.schema import CreateIndex, CreateTable
 
-from orbit_tasks.db import history_tables  # noqa: F401
-from orbit_tasks.db.platform_tables import metadata
+from orbit_tasks.db.migrations.frozen_0001 import create_statements
+from orbit_tasks.db.migrations.platform.p0001_tables import metadata
 
 revision = "p0001"
 down_revision = None
@@ -21,11 +19,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # DDL elements (not Table.create) so that online and offline (--sql) render the same.
-    for table in metadata.sorted_tables:
-        op.execute(CreateTable(table))
-        for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            op.execute(CreateIndex(index))
+    for statement in create_statements(metadata):
+        op.execute(statement)
 
 
 def downgrade() -> None:
