@@ -170,6 +170,10 @@ def configure_logging(
             own.removeHandler(other)
         own.propagate = True
         own.setLevel(logging.NOTSET)
+    # Alembic reports its migration context at INFO on every schema check (each start of a
+    # worker, beat or the API); only its warnings are worth a line.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.captureWarnings(True)
     return handler
 
