@@ -34,6 +34,11 @@ class Settings:
     tick_seconds: int
     sender_tick_seconds: int
     actor: str
+    # The exporter (docs/metrics.md): read-cache lifetime, per-source time bound, and whether
+    # ORBIT_SENDER_DATABASE_URL was given (the exporter reads the business database only then).
+    metrics_cache_seconds: int = 15
+    metrics_timeout_seconds: float = 5.0
+    sender_database_configured: bool = False
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -102,6 +107,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         tick_seconds=_int(env, "ORBIT_TICK_SECONDS", 60, 1, 3600),
         sender_tick_seconds=_int(env, "ORBIT_SENDER_TICK_SECONDS", 2, 1, 3600),
         actor=env.get("ORBIT_ACTOR") or env.get("USER") or "operator",
+        metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
+        metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
+        sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
     )
 
 

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "job",
     "worker",
     "demo",
+    "metrics",
 ]
 
 
