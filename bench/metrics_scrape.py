@@ -59,7 +59,8 @@ CHUNK = 5000
 
 
 def seed_platform(engine: Engine, jobs: int, storages: list[bytes]) -> None:
-    """``jobs`` jobs over the storages and kinds, 2% unfinished (as a fleet that keeps up)."""
+    """``jobs`` jobs over the storages and kinds: 2% each PENDING, RUNNING, FAILED and ABANDONED,
+    the rest SUCCEEDED."""
     with engine.begin() as conn:
         conn.execute(insert(archive_storages), [dict(storage_id=s, label="") for s in storages])
         now = db_now(conn)

@@ -20,6 +20,7 @@ class TcpProxy:
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
         self.port = int(self._listener.getsockname()[1])
         self._running = threading.Event()
         self._running.set()  # cleared while frozen
@@ -51,7 +52,6 @@ class TcpProxy:
         self._thread.join(timeout=5)
 
     def _accept_loop(self) -> None:
-        self._listener.settimeout(0.2)
         while not self._closed.is_set():
             try:
                 client, _ = self._listener.accept()

@@ -314,3 +314,21 @@ def test_overdue_plans_use_the_database_clock(
         with platform_engine.begin() as conn:
             conn.execute(update(archive_plans).values(enabled=False))
         assert value(exporter.scrape(), "orbit_archive_plans_overdue", storage=sid.hex()) == 0
+
+
+def test_an_unreachable_database_at_start_is_reported_not_refused(tmp_path: Path) -> None:
+    with tcp_proxy("127.0.0.1", 3306) as proxy:
+        port = proxy.port
+    # nothing listens on that port now: connection refused
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORBIT_", "CELERY_"))}
+    env.update(
+        ORBIT_DATABASE_URL=f"mysql+mysqldb://root@127.0.0.1:{port}/orbit",
+        CELERY_BROKER_URL=redis_url(4),
+        ORBIT_VAR_DIR=str(tmp_path / "var"),
+        ORBIT_METRICS_TIMEOUT_SECONDS="2",
+    )
+    with running_exporter(env, tmp_path) as exporter:
+        s = exporter.scrape()
+        assert value(s, "orbit_up", source="platform_db") == 0
+        assert value(s, "orbit_up", source="broker") == 1
+        assert "metrics.schema.unchecked" in exporter.output()
