@@ -3,6 +3,8 @@
 ``freeze()`` stops forwarding in both directions while keeping every socket open, and new
 connections are accepted but never answered: to the client the server looks hung (a stopped
 host, a black-holed network), which is what a time bound must survive. ``thaw()`` resumes;
+``blackhole_existing()`` resumes for new connections only, while the connections open so far stay
+silent forever (a route that died without a reset: only a client-side timeout gets out of it);
 ``close()`` drops every connection and stops listening (connection refused from then on).
 """
 
@@ -12,6 +14,7 @@ import contextlib
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,6 +30,7 @@ class TcpProxy:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+        self._generation = 0  # connections of an older generation are black-holed
         self.connections = 0
         self._thread = threading.Thread(target=self._accept_loop, name="tcp-proxy", daemon=True)
         self._thread.start()
@@ -35,6 +39,11 @@ class TcpProxy:
         self._running.clear()
 
     def thaw(self) -> None:
+        self._running.set()
+
+    def blackhole_existing(self) -> None:
+        with self._lock:
+            self._generation += 1
         self._running.set()
 
     def close(self) -> None:
@@ -51,6 +60,9 @@ class TcpProxy:
             self._sockets.clear()
         self._thread.join(timeout=5)
 
+    def _passes(self, generation: int) -> bool:
+        return self._running.is_set() and generation == self._generation
+
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
             try:
@@ -65,10 +77,13 @@ class TcpProxy:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
+        with self._lock:
+            generation = self._generation
         # A frozen proxy does not even dial the upstream: the handshake never arrives.
-        while not self._running.wait(0.1):
+        while not self._passes(generation):
             if self._closed.is_set():
                 return
+            time.sleep(0.1)
         if self._closed.is_set():
             return
         try:
@@ -85,8 +100,8 @@ class TcpProxy:
             sel.register(sock, selectors.EVENT_READ)
         try:
             while not self._closed.is_set():
-                if not self._running.is_set():
-                    self._running.wait(0.1)
+                if not self._passes(generation):
+                    time.sleep(0.1)
                     continue
                 for key, _ in sel.select(timeout=0.1):
                     src = key.fileobj

@@ -6,6 +6,10 @@ filesystem broker counts the queue's message files; a queue that does not exist 
 
 Consumers (Redis): one ``active_queues`` broadcast to every worker's remote-control mailbox,
 with a reply window below the time bound; a worker counts for each queue it consumes now. The
+broadcast goes through the probe's own connection (socket timeouts, one try): Celery's
+``app.control.inspect()`` would publish through the app's connection pool, which has no socket
+timeout and retries forever, so one connection black-holed by the network kept the probe stuck
+long after the broker was back. The
 filesystem broker keeps a mailbox binding of every worker that ever ran, and each broadcast
 leaves a message file behind for every dead one, so the exporter does not broadcast there and
 reports no consumers (docs/metrics.md).
@@ -13,11 +17,13 @@ reports no consumers (docs/metrics.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from kombu import Connection
+from kombu import Connection, Producer
 from kombu.exceptions import ChannelError
+from kombu.pidbox import Mailbox
 
 from orbit_tasks.metrics.families import BrokerReading, consumers_of, queues_for
 
@@ -27,6 +33,38 @@ def queue_size(channel: Any, queue: str) -> int:
         return int(channel.queue_declare(queue=queue, passive=True).message_count)
     except ChannelError:
         return 0  # never declared: nothing waits in it
+
+
+class _OneTryProducer(Producer):
+    """Publishes once: the probe has its own time bound and no reason to retry."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["retry"] = False
+        return super().publish(*args, **kwargs)
+
+
+class _ProbeMailbox(Mailbox):
+    """Celery's remote-control mailbox, publishing on the channel it is given."""
+
+    @contextmanager
+    def producer_or_acquire(self, producer: Any = None, channel: Any = None) -> Iterator[Any]:
+        yield _OneTryProducer(channel, auto_declare=False)
+
+
+def control_mailbox(conf: Any) -> Mailbox:
+    """The mailbox Celery's workers listen on, as ``celery.app.control.Control`` declares it."""
+    return _ProbeMailbox(
+        conf.control_exchange,
+        type="fanout",
+        accept=conf.accept_content,
+        serializer=conf.task_serializer,
+        queue_ttl=conf.control_queue_ttl,
+        reply_queue_ttl=conf.control_queue_ttl,
+        queue_expires=conf.control_queue_expires,
+        queue_exclusive=conf.control_queue_exclusive,
+        queue_durable=conf.control_queue_durable,
+        reply_queue_expires=conf.control_queue_expires,
+    )
 
 
 class BrokerSource:
@@ -69,9 +107,17 @@ class BrokerSource:
 
     def active_queues(self, conn: Connection) -> dict[str, list[str]]:
         """Worker name -> the queues it consumes, from the workers that answered in time."""
-        inspector = self.app.control.inspect(timeout=self.reply_seconds, connection=conn)
-        replies = inspector.active_queues() or {}
-        return {
-            worker: [str(q["name"]) for q in queues or [] if isinstance(q, dict) and "name" in q]
-            for worker, queues in replies.items()
-        }
+        mailbox = control_mailbox(self.app.conf)(conn)
+        replies = mailbox._broadcast(
+            "active_queues",
+            {},
+            reply=True,
+            timeout=self.reply_seconds,
+            channel=conn.default_channel,
+        )
+        out: dict[str, list[str]] = {}
+        for reply in replies or []:
+            for worker, queues in reply.items():
+                names = [q["name"] for q in queues or [] if isinstance(q, dict) and "name" in q]
+                out[str(worker)] = [str(n) for n in names]
+        return out

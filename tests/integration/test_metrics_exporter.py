@@ -332,3 +332,30 @@ def test_an_unreachable_database_at_start_is_reported_not_refused(tmp_path: Path
         assert value(s, "orbit_up", source="platform_db") == 0
         assert value(s, "orbit_up", source="broker") == 1
         assert "metrics.schema.unchecked" in exporter.output()
+
+
+def test_broker_recovers_after_its_connections_were_black_holed(tmp_path: Path) -> None:
+    """Redis behind a proxy: the proxy hangs, then lets new connections through while the old
+    ones stay silent forever (a route that died without a reset). Every broker call of the
+    probe has a socket timeout, so the probe gets off the dead connections and the broker is
+    back within a few scrapes."""
+    with extra_redis(tmp_path) as redis_server, tcp_proxy("127.0.0.1", redis_server.port) as proxy:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ORBIT_", "CELERY_"))}
+        env.update(
+            ORBIT_DATABASE_URL=f"sqlite:///{tmp_path / 'platform.sqlite3'}",
+            CELERY_BROKER_URL=f"redis://127.0.0.1:{proxy.port}/0",
+            ORBIT_VAR_DIR=str(tmp_path / "var"),
+            ORBIT_METRICS_CACHE_SECONDS="0",
+            ORBIT_METRICS_TIMEOUT_SECONDS="2",
+            ORBIT_LOG_LEVEL="INFO",
+        )
+        assert run_orbit(["db", "upgrade"], env).returncode == 0
+        with running_exporter(env, tmp_path) as exporter:
+            assert value(exporter.scrape(), "orbit_up", source="broker") == 1
+            proxy.freeze()
+            s, took = exporter.timed_scrape()
+            assert value(s, "orbit_up", source="broker") == 0 and took < 2 + 2, took
+            proxy.blackhole_existing()
+            exporter.wait_for(
+                lambda s: value(s, "orbit_up", source="broker") == 1, 30, "broker back"
+            )
