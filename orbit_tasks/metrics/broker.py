@@ -9,8 +9,9 @@ with a reply window below the time bound; a worker counts for each queue it cons
 broadcast goes through the probe's own connection (socket timeouts, one try): Celery's
 ``app.control.inspect()`` would publish through the app's connection pool, which has no socket
 timeout and retries forever, so one connection black-holed by the network kept the probe stuck
-long after the broker was back. The
-filesystem broker keeps a mailbox binding of every worker that ever ran, and each broadcast
+long after the broker was back.
+
+The filesystem broker keeps a mailbox binding of every worker that ever ran, and each broadcast
 leaves a message file behind for every dead one, so the exporter does not broadcast there and
 reports no consumers (docs/metrics.md).
 """
