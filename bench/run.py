@@ -14,7 +14,13 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SCRIPTS = ["keyset", "archive_throughput", "sender_throughput", "restore_throughput"]
+SCRIPTS = [
+    "keyset",
+    "archive_throughput",
+    "sender_throughput",
+    "restore_throughput",
+    "metrics_scrape",
+]
 
 
 def main() -> int:

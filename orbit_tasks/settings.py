@@ -41,6 +41,11 @@ class Settings:
     log_level: str | None = None
     # SPEC §12 "Flower": ``user:password`` entries; kept out of repr so it is never printed.
     flower_basic_auth: tuple[str, ...] = field(default=(), repr=False)
+    # The exporter (docs/metrics.md): read-cache lifetime, per-source time bound, and whether
+    # ORBIT_SENDER_DATABASE_URL was given (the exporter reads the business database only then).
+    metrics_cache_seconds: int = 15
+    metrics_timeout_seconds: float = 5.0
+    sender_database_configured: bool = False
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -112,6 +117,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_format=(_choice(env, "ORBIT_LOG_FORMAT", LOG_FORMATS) or "text").lower(),
         log_level=(_choice(env, "ORBIT_LOG_LEVEL", LOG_LEVELS) or "").upper() or None,
         flower_basic_auth=_basic_auth(env, "ORBIT_FLOWER_BASIC_AUTH"),
+        metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
+        metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
+        sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
     )
 
 

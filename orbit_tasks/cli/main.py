@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "worker",
     "demo",
     "flower",
+    "metrics",
 ]
 
 

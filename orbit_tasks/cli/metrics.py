@@ -1,0 +1,32 @@
+"""``orbit metrics serve``: the Prometheus exporter (SPEC §12, docs/metrics.md)."""
+
+from __future__ import annotations
+
+import click
+
+from orbit_tasks.settings import get_settings
+
+
+@click.group("metrics")
+def metrics_group() -> None:
+    """Prometheus exporter of archive, outbox and broker state."""
+
+
+@metrics_group.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=9808, show_default=True, help="TCP port."
+)
+def serve(host: str, port: int) -> None:
+    """Serve /metrics in the Prometheus text format, read at scrape time (cached for
+    ORBIT_METRICS_CACHE_SECONDS, each source bounded by ORBIT_METRICS_TIMEOUT_SECONDS)."""
+    from orbit_tasks.celery_app import app
+    from orbit_tasks.metrics import server
+
+    running = server.start(server.build_collector(get_settings(), app), host, port)
+    click.echo(f"orbit metrics: serving http://{host}:{running.port}/metrics", err=True)
+    server.serve_until_signal(running)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(metrics_group)

@@ -1,0 +1,1 @@
+"""The Prometheus exporter `orbit metrics serve` (SPEC §12, docs/metrics.md)."""

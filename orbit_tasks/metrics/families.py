@@ -1,0 +1,272 @@
+"""Pure: what the sources read, turned into Prometheus metric families (SPEC §12).
+
+No I/O here: the store and the broker probe produce the readings below (with the database clock
+in ``now``), this module decides names, labels, zeros and the derived metrics. A reading that is
+None means its source could not be read this time: ``orbit_up{source}`` is 0 and the metrics that
+need it are left out (never guessed), while the other sources' metrics still come.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from orbit_tasks.archive.jobs import ErrorCode, JobState
+from orbit_tasks.archive.wakeups import queue_name
+from orbit_tasks.sender import policy
+
+SOURCES = ("platform_db", "business_db", "broker")
+CONTROL_QUEUE = "orbit.control"
+SENDER_QUEUE = "orbit.sender"
+JOB_STATES = tuple(s.value for s in JobState)
+OUTBOX_STATES = policy.STATES
+ACTIVE_OUTBOX_STATES = ("PENDING", "SENDING")
+# SPEC §12: "PENDING or SENDING rows whose send deadline is less than 1 h away".
+NEAR_DEADLINE = dt.timedelta(hours=1)
+
+# SPEC §12 table: the contract. Extra metrics (welcome there) are listed after it.
+CONTRACT_METRICS = (
+    "orbit_up",
+    "orbit_archive_jobs",
+    "orbit_archive_jobs_failed",
+    "orbit_archive_leases_expired",
+    "orbit_archive_oldest_pending_seconds",
+    "orbit_archive_plans_overdue",
+    "orbit_queue_messages",
+    "orbit_queue_consumers",
+    "orbit_archive_storage_unserved",
+    "orbit_outbox_rows",
+    "orbit_outbox_review_rows",
+    "orbit_outbox_oldest_pending_seconds",
+    "orbit_outbox_rows_near_deadline",
+)
+EXTRA_METRICS = ("orbit_source_read_seconds", "orbit_archive_confirmed_bytes")
+METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
+
+
+@dataclass(frozen=True)
+class PlatformReading:
+    """Archive state read from the platform database, all at the database clock ``now``."""
+
+    now: dt.datetime
+    storages: tuple[bytes, ...]
+    jobs: Mapping[tuple[bytes, str, str], int]  # (storage, kind, state) -> jobs
+    confirmed_bytes: Mapping[tuple[bytes, str], int]  # (storage, kind) -> bytes on the volume
+    failed: Mapping[tuple[bytes, str], int]  # (storage, error_code) -> FAILED jobs
+    leases_expired: Mapping[bytes, int]  # storage -> RUNNING jobs with lease_until < now
+    pending_since: Mapping[bytes, dt.datetime]  # storage -> oldest updated_at of a PENDING job
+    plans_overdue: Mapping[bytes, int]  # storage -> enabled plans due before now - 2 ticks
+
+
+@dataclass(frozen=True)
+class BusinessReading:
+    """Outbox state read from the business database at its clock ``now``."""
+
+    now: dt.datetime
+    rows: Mapping[str, int]  # state -> rows
+    review: Mapping[str, int]  # last_code -> REVIEW rows
+    oldest_active_created: dt.datetime | None  # oldest created_at of a PENDING/SENDING row
+    near_deadline: int
+
+
+@dataclass(frozen=True)
+class BrokerReading:
+    """Queue depths, and the consumers per queue (None: this broker cannot tell, see
+    docs/metrics.md for the filesystem broker)."""
+
+    messages: Mapping[str, int]
+    consumers: Mapping[str, int] | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of every source; None = that source could not be read (``orbit_up`` 0)."""
+
+    platform: PlatformReading | None
+    business: BusinessReading | None
+    broker: BrokerReading | None
+    business_configured: bool
+    read_seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+def queues_for(storages: Sequence[bytes]) -> list[str]:
+    """The queues the exporter reports (SPEC §12): control, sender, one per registered storage."""
+    return [CONTROL_QUEUE, SENDER_QUEUE, *(queue_name(s) for s in storages)]
+
+
+def consumers_of(consumers_by_worker: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """Queue -> number of workers consuming it, from each worker's queue list."""
+    out: dict[str, int] = {}
+    for queues in consumers_by_worker.values():
+        for queue in set(queues):
+            out[queue] = out.get(queue, 0) + 1
+    return out
+
+
+def unserved(platform: PlatformReading, broker: BrokerReading) -> dict[bytes, int] | None:
+    """Storage -> 1 when it has PENDING or lease-expired jobs and no worker consumes its queue.
+    None when the broker cannot tell who consumes (no guess either way)."""
+    if broker.consumers is None:
+        return None
+    out = {}
+    for storage in platform.storages:
+        pending = sum(
+            n for (s, _kind, st), n in platform.jobs.items() if (s, st) == (storage, "PENDING")
+        )
+        waiting = pending > 0 or platform.leases_expired.get(storage, 0) > 0
+        served = broker.consumers.get(queue_name(storage), 0) > 0
+        out[storage] = int(waiting and not served)
+    return out
+
+
+def _age(now: dt.datetime, since: dt.datetime | None) -> float:
+    """Seconds from ``since`` to ``now`` (0 when there is nothing, never negative)."""
+    if since is None:
+        return 0.0
+    return max(0.0, (now - since).total_seconds())
+
+
+def build(snapshot: Snapshot) -> list[Metric]:
+    """Every metric family of one snapshot, in a stable order."""
+    return list(_families(snapshot))
+
+
+def _families(snap: Snapshot) -> Iterator[Metric]:
+    up = GaugeMetricFamily("orbit_up", "1 if the source answered this scrape", labels=["source"])
+    readings = {"platform_db": snap.platform, "business_db": snap.business, "broker": snap.broker}
+    for source in SOURCES:
+        if source == "business_db" and not snap.business_configured:
+            continue  # no ORBIT_SENDER_DATABASE_URL: not a source of this exporter
+        up.add_metric([source], 1.0 if readings[source] is not None else 0.0)
+    yield up
+    took = GaugeMetricFamily(
+        "orbit_source_read_seconds",
+        "Seconds the last read of the source took (up to the time bound when it failed)",
+        labels=["source"],
+    )
+    for source, seconds in sorted(snap.read_seconds.items()):
+        took.add_metric([source], round(seconds, 6))
+    yield took
+    if snap.platform is not None:
+        yield from _archive(snap.platform)
+    if snap.broker is not None:
+        storages = snap.platform.storages if snap.platform is not None else ()
+        yield from _queues(snap.broker, storages)
+        if snap.platform is not None:
+            flags = unserved(snap.platform, snap.broker)
+            if flags is not None:
+                fam = GaugeMetricFamily(
+                    "orbit_archive_storage_unserved",
+                    "1 when the storage has PENDING or lease-expired jobs and no worker "
+                    "consumes its queue, else 0",
+                    labels=["storage"],
+                )
+                for storage, flag in flags.items():
+                    fam.add_metric([storage.hex()], float(flag))
+                yield fam
+    if snap.business is not None:
+        yield from _outbox(snap.business)
+
+
+def _archive(p: PlatformReading) -> Iterator[Metric]:
+    jobs = GaugeMetricFamily(
+        "orbit_archive_jobs", "Archive jobs in each state", labels=["storage", "kind", "state"]
+    )
+    pairs = sorted({(s, k) for s, k, _state in p.jobs})
+    for storage, kind in pairs:
+        for state in JOB_STATES:
+            count = p.jobs.get((storage, kind, state), 0)
+            jobs.add_metric([storage.hex(), kind, state], float(count))
+    yield jobs
+    confirmed = GaugeMetricFamily(
+        "orbit_archive_confirmed_bytes",
+        "Bytes of archive files confirmed in the database (manifest and batches), all jobs",
+        labels=["storage", "kind"],
+    )
+    for storage, kind in pairs:
+        size = p.confirmed_bytes.get((storage, kind), 0)
+        confirmed.add_metric([storage.hex(), kind], float(size))
+    yield confirmed
+    failed = GaugeMetricFamily(
+        "orbit_archive_jobs_failed",
+        "FAILED archive jobs awaiting an operator, by error code",
+        labels=["storage", "error_code"],
+    )
+    codes = [c.value for c in ErrorCode]
+    extra_codes = sorted({code for _s, code in p.failed if code not in codes})
+    for storage in p.storages:
+        for code in codes + extra_codes:
+            failed.add_metric([storage.hex(), code], float(p.failed.get((storage, code), 0)))
+    yield failed
+    per_storage = (
+        (
+            "orbit_archive_leases_expired",
+            "RUNNING jobs whose lease has expired (a dead node, not yet taken over)",
+            lambda s: float(p.leases_expired.get(s, 0)),
+        ),
+        (
+            "orbit_archive_oldest_pending_seconds",
+            "Seconds the oldest PENDING job has been waiting since it became PENDING, 0 if none",
+            lambda s: _age(p.now, p.pending_since.get(s)),
+        ),
+        (
+            "orbit_archive_plans_overdue",
+            "Enabled plans due for more than two tick periods (beat not running, or a policy "
+            "revision awaiting confirmation)",
+            lambda s: float(p.plans_overdue.get(s, 0)),
+        ),
+    )
+    for name, doc, value in per_storage:
+        fam = GaugeMetricFamily(name, doc, labels=["storage"])
+        for storage in p.storages:
+            fam.add_metric([storage.hex()], value(storage))
+        yield fam
+
+
+def _queues(b: BrokerReading, storages: Sequence[bytes]) -> Iterator[Metric]:
+    names = queues_for(storages)
+    names += sorted(q for q in b.messages if q not in names)
+    messages = GaugeMetricFamily(
+        "orbit_queue_messages", "Messages waiting in the broker queue", labels=["queue"]
+    )
+    for queue in names:
+        if queue in b.messages:
+            messages.add_metric([queue], float(b.messages[queue]))
+    yield messages
+    if b.consumers is None:
+        return
+    consumers = GaugeMetricFamily(
+        "orbit_queue_consumers", "Workers consuming the queue now", labels=["queue"]
+    )
+    for queue in names:
+        consumers.add_metric([queue], float(b.consumers.get(queue, 0)))
+    yield consumers
+
+
+def _outbox(b: BusinessReading) -> Iterator[Metric]:
+    rows = GaugeMetricFamily("orbit_outbox_rows", "Outbox rows by state", labels=["state"])
+    states = list(OUTBOX_STATES) + sorted(s for s in b.rows if s not in OUTBOX_STATES)
+    for state in states:
+        rows.add_metric([state], float(b.rows.get(state, 0)))
+    yield rows
+    review = GaugeMetricFamily(
+        "orbit_outbox_review_rows", "REVIEW outbox rows by last_code", labels=["last_code"]
+    )
+    codes = sorted(set(policy.REVIEW_CODES) | set(b.review))
+    for code in codes:
+        review.add_metric([code], float(b.review.get(code, 0)))
+    yield review
+    yield GaugeMetricFamily(
+        "orbit_outbox_oldest_pending_seconds",
+        "Age of the oldest PENDING or SENDING outbox row (since it was enqueued), 0 if none",
+        value=_age(b.now, b.oldest_active_created),
+    )
+    yield GaugeMetricFamily(
+        "orbit_outbox_rows_near_deadline",
+        "PENDING or SENDING rows whose send deadline is less than 1 h away",
+        value=float(b.near_deadline),
+    )

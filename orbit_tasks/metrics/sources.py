@@ -1,0 +1,211 @@
+"""The exporter's two database sources: read everything one refresh needs, in one snapshot.
+
+Each read runs in one REPEATABLE READ transaction on MySQL/MariaDB, so all counts of a refresh
+come from the same consistent view (a job finishing between two statements is counted once).
+Time comparisons use the database clock (SPEC §2), read in the same transaction. Connections
+are bounded in time (docs/metrics.md "Time bounds"): connect/read/write timeouts in the driver
+and a server-side statement limit; the collector adds its own deadline on top.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.engine import make_url
+
+from orbit_tasks.db.engine import db_now, is_mysql, make_engine
+from orbit_tasks.metrics import store
+from orbit_tasks.metrics.families import NEAR_DEADLINE, BusinessReading, PlatformReading
+
+# Terminal jobs (SUCCEEDED, ABANDONED) never change again: counts up to a cut are recounted
+# with a scan of the jobs table only every RECOUNT_SECONDS, and each refresh adds the jobs that
+# finished after the cut (an index range). The cut trails the database clock by SETTLE_SECONDS:
+# a job's updated_at is read inside the transaction that finishes it, so a job could otherwise
+# commit after a recount with an updated_at before the cut and be missed until the next recount.
+RECOUNT_SECONDS = 600.0
+SETTLE_SECONDS = 300
+
+
+def bounded_engine(url: str, timeout: float) -> Engine:
+    """An engine whose connections give up: connect/read/write timeouts (whole seconds in the
+    driver) and a per-statement limit on the server (MariaDB ``max_statement_time``, MySQL
+    ``max_execution_time``), both derived from ``timeout``."""
+    if make_url(url).get_backend_name() not in ("mysql", "mariadb"):
+        return make_engine(url)
+    seconds = max(1, math.ceil(timeout))
+    engine = make_engine(
+        url,
+        connect_args={
+            "connect_timeout": seconds,
+            "read_timeout": seconds + 1,
+            "write_timeout": seconds + 1,
+        },
+        pool_size=2,
+        max_overflow=2,
+        pool_timeout=timeout,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _statement_limit(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        if "MariaDB" in dbapi_conn.get_server_info():
+            cur.execute(f"SET SESSION max_statement_time = {timeout:.3f}")
+        else:
+            cur.execute(f"SET SESSION max_execution_time = {int(timeout * 1000)}")
+        cur.close()
+
+    return engine
+
+
+@contextmanager
+def snapshot_connection(engine: Engine) -> Any:
+    """One read-only transaction with a consistent view (REPEATABLE READ on MySQL/MariaDB)."""
+    with engine.connect() as conn:
+        if is_mysql(conn):
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
+@dataclass
+class _Tally:
+    cut: dt.datetime
+    counted_at: float  # monotonic clock of the recount
+    counts: dict[store.JobKey, tuple[int, int]]
+
+
+class PlatformSource:
+    """Archive jobs, plans and storages from the platform database."""
+
+    name = "platform_db"
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        tick_seconds: int,
+        clock: Callable[[], float] = time.monotonic,
+        recount_seconds: float = RECOUNT_SECONDS,
+        settle_seconds: int = SETTLE_SECONDS,
+    ) -> None:
+        self.engine = engine
+        self.tick_seconds = tick_seconds
+        self.clock = clock
+        self.recount_seconds = recount_seconds
+        self.settle = dt.timedelta(seconds=settle_seconds)
+        self._tally: _Tally | None = None
+        self.recounts = 0
+
+    def read(
+        self, on_storages: Callable[[tuple[bytes, ...]], None] | None = None
+    ) -> PlatformReading:
+        """One refresh. ``on_storages`` gets the registered storages as soon as they are known
+        (the broker probe needs them for the queue names)."""
+        with snapshot_connection(self.engine) as conn:
+            now = db_now(conn)
+            storages = store.registered_storages(conn)
+            if on_storages is not None:
+                on_storages(storages)
+            tally = self._terminal_tally(conn, now)
+            recent = (
+                store.terminal_counts(conn, store.terminal_since_query(storages, tally.cut))
+                if storages
+                else {}
+            )
+            active = store.active_jobs(conn, storages, now)
+            overdue = store.overdue_plans(
+                conn, storages, now - dt.timedelta(seconds=2 * self.tick_seconds)
+            )
+        return _assemble(now, storages, tally.counts, recent, active, overdue)
+
+    def _terminal_tally(self, conn: Connection, now: dt.datetime) -> _Tally:
+        tally = self._tally
+        if tally is None or self.clock() - tally.counted_at >= self.recount_seconds:
+            cut = now - self.settle
+            counts = store.terminal_counts(conn, store.terminal_recount_query(cut))
+            tally = self._tally = _Tally(cut, self.clock(), counts)
+            self.recounts += 1
+        return tally
+
+
+def _assemble(
+    now: dt.datetime,
+    storages: tuple[bytes, ...],
+    counted: dict[store.JobKey, tuple[int, int]],
+    recent: dict[store.JobKey, tuple[int, int]],
+    active: list[Any],
+    overdue: dict[bytes, int],
+) -> PlatformReading:
+    jobs: dict[store.JobKey, int] = {}
+    confirmed: dict[tuple[bytes, str], int] = {}
+
+    def add(key: store.JobKey, n: int, size: int) -> None:
+        jobs[key] = jobs.get(key, 0) + n
+        confirmed[(key[0], key[1])] = confirmed.get((key[0], key[1]), 0) + size
+
+    for part in (counted, recent):
+        for key, (n, size) in part.items():
+            add(key, n, size)
+    failed: dict[tuple[bytes, str], int] = {}
+    expired: dict[bytes, int] = {}
+    pending_since: dict[bytes, dt.datetime] = {}
+    for r in active:
+        storage = bytes(r.storage_id)
+        add((storage, r.kind, r.state), int(r.jobs), int(r.bytes or 0))
+        if r.state == "FAILED":
+            failed[(storage, r.error_code)] = failed.get((storage, r.error_code), 0) + int(r.jobs)
+        elif r.state == "RUNNING":
+            expired[storage] = expired.get(storage, 0) + int(r.expired or 0)
+        elif r.state == "PENDING":
+            since = pending_since.get(storage)
+            if since is None or r.oldest_updated_at < since:
+                pending_since[storage] = r.oldest_updated_at
+    return PlatformReading(
+        now=now,
+        storages=storages,
+        jobs=jobs,
+        confirmed_bytes=confirmed,
+        failed=failed,
+        leases_expired=expired,
+        pending_since=pending_since,
+        plans_overdue=overdue,
+    )
+
+
+class BusinessSource:
+    """The outbox from the business database (only when ORBIT_SENDER_DATABASE_URL is set)."""
+
+    name = "business_db"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def read(self) -> BusinessReading:
+        with snapshot_connection(self.engine) as conn:
+            now = db_now(conn)
+            pairs = store.outbox_pairs(conn)
+            active = store.active_outbox(conn, pairs, now + NEAR_DEADLINE) if pairs else []
+            terminal = store.terminal_outbox(conn) if pairs else []
+        rows: dict[str, int] = {}
+        review: dict[str, int] = {}
+        oldest: dt.datetime | None = None
+        near = 0
+        for r in active:
+            rows[r.state] = rows.get(r.state, 0) + int(r.rows)
+            near += int(r.near_deadline or 0)
+            if r.oldest_created_at is not None and (oldest is None or r.oldest_created_at < oldest):
+                oldest = r.oldest_created_at
+        for r in terminal:
+            rows[r.state] = rows.get(r.state, 0) + int(r.rows)
+            if r.state == "REVIEW":
+                review[r.last_code] = review.get(r.last_code, 0) + int(r.rows)
+        return BusinessReading(
+            now=now, rows=rows, review=review, oldest_active_created=oldest, near_deadline=near
+        )

@@ -1,0 +1,192 @@
+"""Every SQL statement of the exporter (docs/metrics.md), read-only, in both databases.
+
+Hot queries (run at every refresh) stay on index ranges; the tests assert their plans:
+- jobs in PENDING/RUNNING/FAILED: ``ix_archive_job_claim`` (storage_id, state, ...) for the
+  registered storages, a range over unfinished jobs only;
+- SUCCEEDED/ABANDONED jobs that became so after a cut time: ``ix_archive_job_claim`` on its full
+  prefix (storage_id, state, lease_until IS NULL, updated_at > cut). Terminal jobs never change
+  again, so the counts before the cut are taken by an occasional full recount
+  (``terminal_recount_query``) instead of at every scrape;
+- overdue plans: ``ix_archive_plan_due`` (storage_id, enabled, next_run_at);
+- PENDING/SENDING outbox rows: ``ix_sender_due`` (namespace_id, queue_id, wake_at), per
+  (namespace, queue) pair found by the loose index scan of the sender store.
+REVIEW/ACCEPTED outbox rows have no index of their own in the seed (which we do not change), so
+counting them is one scan of ``sender_outbox`` per refresh; bench/metrics_scrape.py measures it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
+
+from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.db.business_tables import sender_outbox
+from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages
+from orbit_tasks.sender import store as sender_store
+
+J = archive_jobs.c
+P = archive_plans.c
+O = sender_outbox.c  # noqa: E741 - the table's one-letter alias, as in the sender store
+
+ACTIVE_JOB_STATES = (JobState.PENDING.value, JobState.RUNNING.value, JobState.FAILED.value)
+TERMINAL_JOB_STATES = (JobState.SUCCEEDED.value, JobState.ABANDONED.value)
+# (namespace, queue) pairs per outbox statement: keeps the OR list the range optimizer gets short.
+PAIRS_PER_STATEMENT = 200
+
+JobKey = tuple[bytes, str, str]  # (storage, kind, state)
+
+
+def _count_if(cond: Any) -> Any:
+    return func.sum(case((cond, 1), else_=0))
+
+
+# --- platform database ---------------------------------------------------------------------------
+
+
+def storages_query() -> Select[Any]:
+    return select(archive_storages.c.storage_id).order_by(archive_storages.c.storage_id)
+
+
+def registered_storages(conn: Connection) -> tuple[bytes, ...]:
+    return tuple(bytes(r[0]) for r in conn.execute(storages_query()))
+
+
+def active_jobs_query(storages: Sequence[bytes], now: dt.datetime) -> Select[Any]:
+    """Unfinished jobs grouped by (storage, state, kind, error_code) with the oldest
+    ``updated_at`` (PENDING: when it became PENDING), expired leases and confirmed bytes."""
+    return (
+        select(
+            J.storage_id,
+            J.state,
+            J.kind,
+            J.error_code,
+            func.count().label("jobs"),
+            func.min(J.updated_at).label("oldest_updated_at"),
+            _count_if(J.lease_until < now).label("expired"),
+            func.sum(J.bytes).label("bytes"),
+        )
+        .where(J.storage_id.in_(storages), J.state.in_(ACTIVE_JOB_STATES))
+        .group_by(J.storage_id, J.state, J.kind, J.error_code)
+    )
+
+
+def terminal_since_query(storages: Sequence[bytes], cut: dt.datetime) -> Select[Any]:
+    """SUCCEEDED/ABANDONED jobs that reached that state after ``cut`` (their ``updated_at`` is
+    the moment of the change and never moves again; ``lease_until`` is NULL for them by
+    ``ck_archive_job_lease``, which puts ``updated_at`` in the index range)."""
+    return (
+        select(
+            J.storage_id,
+            J.state,
+            J.kind,
+            func.count().label("jobs"),
+            func.sum(J.bytes).label("bytes"),
+        )
+        .where(
+            J.storage_id.in_(storages),
+            J.state.in_(TERMINAL_JOB_STATES),
+            J.lease_until.is_(None),
+            J.updated_at > cut,
+        )
+        .group_by(J.storage_id, J.state, J.kind)
+    )
+
+
+def terminal_recount_query(cut: dt.datetime) -> Select[Any]:
+    """Every SUCCEEDED/ABANDONED job up to ``cut``: a scan of the table, run only at the
+    recount period (docs/metrics.md), never at every scrape."""
+    return (
+        select(
+            J.storage_id,
+            J.state,
+            J.kind,
+            func.count().label("jobs"),
+            func.sum(J.bytes).label("bytes"),
+        )
+        .where(J.state.in_(TERMINAL_JOB_STATES), J.updated_at <= cut)
+        .group_by(J.storage_id, J.state, J.kind)
+    )
+
+
+def overdue_plans_query(storages: Sequence[bytes], due_before: dt.datetime) -> Select[Any]:
+    return (
+        select(P.storage_id, func.count().label("plans"))
+        .where(P.storage_id.in_(storages), P.enabled == true(), P.next_run_at < due_before)
+        .group_by(P.storage_id)
+    )
+
+
+def terminal_counts(conn: Connection, query: Select[Any]) -> dict[JobKey, tuple[int, int]]:
+    """(storage, kind, state) -> (jobs, bytes) of a terminal-jobs query."""
+    return {
+        (bytes(r.storage_id), r.kind, r.state): (int(r.jobs), int(r.bytes or 0))
+        for r in conn.execute(query)
+    }
+
+
+def active_jobs(conn: Connection, storages: Sequence[bytes], now: dt.datetime) -> list[Any]:
+    if not storages:
+        return []
+    return list(conn.execute(active_jobs_query(storages, now)))
+
+
+def overdue_plans(
+    conn: Connection, storages: Sequence[bytes], due_before: dt.datetime
+) -> dict[bytes, int]:
+    if not storages:
+        return {}
+    return {
+        bytes(r.storage_id): int(r.plans)
+        for r in conn.execute(overdue_plans_query(storages, due_before))
+    }
+
+
+# --- business database ---------------------------------------------------------------------------
+
+
+def active_outbox_query(pairs: Sequence[tuple[str, str]], soon: dt.datetime) -> Select[Any]:
+    """PENDING/SENDING rows (``wake_at`` is set exactly for them, ``ck_sender_state``) of the
+    given (namespace, queue) pairs: count, oldest ``created_at``, deadlines before ``soon``."""
+    return (
+        select(
+            O.state,
+            func.count().label("rows"),
+            func.min(O.created_at).label("oldest_created_at"),
+            _count_if(O.send_deadline_at < soon).label("near_deadline"),
+        )
+        .where(
+            or_(*(and_(O.namespace_id == ns, O.queue_id == q) for ns, q in pairs)),
+            O.wake_at.is_not(None),
+        )
+        .group_by(O.state)
+    )
+
+
+def terminal_outbox_query() -> Select[Any]:
+    """ACCEPTED and REVIEW rows by (state, last_code): one scan of the table (no seed index)."""
+    return (
+        select(O.state, O.last_code, func.count().label("rows"))
+        .where(O.wake_at.is_(None))
+        .group_by(O.state, O.last_code)
+    )
+
+
+def outbox_pairs(conn: Connection) -> list[tuple[str, str]]:
+    return sender_store.outbox_queues(conn)
+
+
+def active_outbox(
+    conn: Connection, pairs: Sequence[tuple[str, str]], soon: dt.datetime
+) -> list[Any]:
+    out: list[Any] = []
+    for start in range(0, len(pairs), PAIRS_PER_STATEMENT):
+        chunk = pairs[start : start + PAIRS_PER_STATEMENT]
+        out += conn.execute(active_outbox_query(chunk, soon)).all()
+    return out
+
+
+def terminal_outbox(conn: Connection) -> list[Any]:
+    return list(conn.execute(terminal_outbox_query()))

@@ -1,0 +1,191 @@
+"""Pure: readings -> metric families (names and labels of SPEC §12, zeros, derived metrics),
+checked through the real text exposition and ``prometheus_client.parser``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from orbit_tasks.archive.wakeups import queue_name
+from orbit_tasks.metrics.families import (
+    CONTRACT_METRICS,
+    METRIC_NAMES,
+    BrokerReading,
+    BusinessReading,
+    PlatformReading,
+    Snapshot,
+    build,
+    consumers_of,
+)
+from tests.metrics_support import names, parse, series, value
+
+NOW = dt.datetime(2026, 5, 1, 12, 0, 0)
+A, B = bytes(range(16)), bytes(range(16, 32))
+
+
+def _scrape(snapshot: Snapshot) -> dict:  # type: ignore[type-arg]
+    class Fixed:
+        def collect(self) -> Any:
+            return iter(build(snapshot))
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed())  # type: ignore[arg-type]
+    return parse(generate_latest(registry).decode())
+
+
+def _platform(**changes: Any) -> PlatformReading:
+    base: dict[str, Any] = dict(
+        now=NOW,
+        storages=(A, B),
+        jobs={
+            (A, "events", "PENDING"): 2,
+            (A, "events", "SUCCEEDED"): 5,
+            (B, "audit", "FAILED"): 1,
+        },
+        confirmed_bytes={(A, "events"): 1234},
+        failed={(B, "CHAIN_BROKEN"): 1},
+        leases_expired={},
+        pending_since={A: NOW - dt.timedelta(seconds=90)},
+        plans_overdue={B: 2},
+    )
+    base.update(changes)
+    return PlatformReading(**base)
+
+
+def _business() -> BusinessReading:
+    return BusinessReading(
+        now=NOW,
+        rows={"PENDING": 3, "ACCEPTED": 10, "REVIEW": 2},
+        review={"REJECTED": 2},
+        oldest_active_created=NOW - dt.timedelta(minutes=5),
+        near_deadline=1,
+    )
+
+
+def _broker(consumers: dict[str, int] | None) -> BrokerReading:
+    return BrokerReading(
+        messages={"orbit.control": 0, "orbit.sender": 4, queue_name(A): 1, queue_name(B): 0},
+        consumers=consumers,
+    )
+
+
+def test_every_contract_metric_with_its_labels() -> None:
+    seconds = {"platform_db": 0.01, "business_db": 0.02, "broker": 1.5}
+    snapshot = Snapshot(_platform(), _business(), _broker({}), True, read_seconds=seconds)
+    m = _scrape(snapshot)
+    assert names(m) == set(METRIC_NAMES)
+    assert value(m, "orbit_source_read_seconds", source="broker") == 1.5
+    labels = {name: {tuple(k for k, _ in lbl) for (n, lbl) in m if n == name} for name in names(m)}
+    assert labels["orbit_up"] == {("source",)}
+    assert labels["orbit_archive_jobs"] == {("kind", "state", "storage")}
+    assert labels["orbit_archive_jobs_failed"] == {("error_code", "storage")}
+    for name in (
+        "orbit_archive_leases_expired",
+        "orbit_archive_oldest_pending_seconds",
+        "orbit_archive_plans_overdue",
+        "orbit_archive_storage_unserved",
+    ):
+        assert labels[name] == {("storage",)}
+    assert labels["orbit_queue_messages"] == labels["orbit_queue_consumers"] == {("queue",)}
+    assert labels["orbit_outbox_rows"] == {("state",)}
+    assert labels["orbit_outbox_review_rows"] == {("last_code",)}
+    assert labels["orbit_outbox_oldest_pending_seconds"] == {()}
+    assert labels["orbit_outbox_rows_near_deadline"] == {()}
+    assert set(CONTRACT_METRICS) <= names(m)
+
+
+def test_all_five_states_per_existing_storage_and_kind_and_zeros_per_storage() -> None:
+    m = _scrape(Snapshot(_platform(), None, None, business_configured=False))
+    jobs = series(m, "orbit_archive_jobs")
+    assert len(jobs) == 2 * 5  # (A, events) and (B, audit), five states each
+    assert value(m, "orbit_archive_jobs", storage=A.hex(), kind="events", state="PENDING") == 2
+    assert value(m, "orbit_archive_jobs", storage=A.hex(), kind="events", state="FAILED") == 0
+    assert value(m, "orbit_archive_jobs", storage=B.hex(), kind="audit", state="ABANDONED") == 0
+    assert value(m, "orbit_archive_jobs", storage=A.hex(), kind="audit", state="PENDING") is None
+    assert len(series(m, "orbit_archive_jobs_failed")) == 2 * 10
+    assert value(m, "orbit_archive_jobs_failed", storage=B.hex(), error_code="CHAIN_BROKEN") == 1
+    assert value(m, "orbit_archive_jobs_failed", storage=A.hex(), error_code="STALLED") == 0
+    assert value(m, "orbit_archive_leases_expired", storage=A.hex()) == 0
+    assert value(m, "orbit_archive_oldest_pending_seconds", storage=A.hex()) == 90
+    assert value(m, "orbit_archive_oldest_pending_seconds", storage=B.hex()) == 0
+    assert value(m, "orbit_archive_plans_overdue", storage=B.hex()) == 2
+
+
+def test_unserved_needs_waiting_jobs_and_no_consumer() -> None:
+    qa, qb = queue_name(A), queue_name(B)
+    cases = [
+        # (pending on A, expired lease on B, consumers) -> (unserved A, unserved B)
+        (2, 0, {}, (1, 0)),
+        (2, 0, {qa: 1}, (0, 0)),
+        (0, 1, {qa: 1}, (0, 1)),
+        (0, 1, {qb: 2}, (0, 0)),
+        (0, 0, {}, (0, 0)),
+    ]
+    for pending, expired, consumers, expect in cases:
+        reading = _platform(jobs={(A, "events", "PENDING"): pending}, leases_expired={B: expired})
+        m = _scrape(Snapshot(reading, None, _broker(consumers), business_configured=False))
+        got = (
+            value(m, "orbit_archive_storage_unserved", storage=A.hex()),
+            value(m, "orbit_archive_storage_unserved", storage=B.hex()),
+        )
+        assert got == expect, (pending, expired, consumers)
+        assert value(m, "orbit_queue_consumers", queue=qa) == consumers.get(qa, 0)
+
+
+def test_a_source_down_leaves_out_only_what_needs_it() -> None:
+    m = _scrape(Snapshot(_platform(), _business(), None, business_configured=True))
+    assert value(m, "orbit_up", source="broker") == 0
+    assert value(m, "orbit_up", source="platform_db") == 1
+    assert not names(m) & {
+        "orbit_queue_messages",
+        "orbit_queue_consumers",
+        "orbit_archive_storage_unserved",
+    }
+    assert "orbit_archive_jobs" in names(m) and "orbit_outbox_rows" in names(m)
+
+    m = _scrape(Snapshot(None, _business(), _broker({}), business_configured=True))
+    assert value(m, "orbit_up", source="platform_db") == 0
+    assert not {n for n in names(m) if n.startswith("orbit_archive_")}
+    # the broker still reports the fixed queues without the storage list
+    assert value(m, "orbit_queue_messages", queue="orbit.sender") == 4
+    assert value(m, "orbit_queue_consumers", queue="orbit.control") == 0
+
+    m = _scrape(Snapshot(_platform(), None, _broker({}), business_configured=True))
+    assert value(m, "orbit_up", source="business_db") == 0
+    assert not {n for n in names(m) if n.startswith("orbit_outbox_")}
+
+    m = _scrape(Snapshot(_platform(), None, _broker({}), business_configured=False))
+    assert value(m, "orbit_up", source="business_db") is None  # not a source of this exporter
+
+
+def test_filesystem_broker_reports_messages_but_no_consumers() -> None:
+    m = _scrape(Snapshot(_platform(), None, _broker(None), business_configured=False))
+    assert value(m, "orbit_up", source="broker") == 1
+    assert value(m, "orbit_queue_messages", queue=queue_name(A)) == 1
+    assert "orbit_queue_consumers" not in names(m)
+    assert "orbit_archive_storage_unserved" not in names(m)  # never guessed
+
+
+def test_outbox_states_and_review_codes_with_zeros_and_ages() -> None:
+    m = _scrape(Snapshot(None, _business(), None, business_configured=True))
+    rows = {dict(k)["state"]: v for k, v in series(m, "orbit_outbox_rows").items()}
+    assert rows == {"PENDING": 3, "SENDING": 0, "ACCEPTED": 10, "REVIEW": 2}
+    review = {dict(k)["last_code"]: v for k, v in series(m, "orbit_outbox_review_rows").items()}
+    assert review["REJECTED"] == 2 and review["DEADLINE_EXCEEDED"] == 0
+    assert len(review) == 10
+    assert value(m, "orbit_outbox_oldest_pending_seconds") == 300
+    assert value(m, "orbit_outbox_rows_near_deadline") == 1
+    empty = BusinessReading(NOW, {}, {}, None, 0)
+    m = _scrape(Snapshot(None, empty, None, business_configured=True))
+    assert value(m, "orbit_outbox_oldest_pending_seconds") == 0
+    # a row created after the clock read (clock skew between statements) is not negative
+    skewed = BusinessReading(NOW, {"PENDING": 1}, {}, NOW + dt.timedelta(seconds=1), 0)
+    m = _scrape(Snapshot(None, skewed, None, business_configured=True))
+    assert value(m, "orbit_outbox_oldest_pending_seconds") == 0
+
+
+def test_consumers_count_workers_not_subscriptions() -> None:
+    got = consumers_of({"w1": ["q1", "q1", "q2"], "w2": ["q1"], "w3": []})
+    assert got == {"q1": 2, "q2": 1}
