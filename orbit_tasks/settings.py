@@ -24,7 +24,7 @@ class Settings:
     sender_database_url: str
     broker_url: str
     api_url: str
-    api_token: str | None
+    api_token: str | None = field(repr=False)
     archive_lease_seconds: int
     archive_slice_seconds: int
     archive_max_stalls: int

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh Debian machine: system packages for mysqlclient,
-# chromium (headless, for the test that renders Flower's workers page), a virtualenv in .venv,
+# chromium (headless, for the test that renders Flower's workers page), jq (the hand-verification
+# script of docs/archive-format.md is run by a test), a virtualenv in .venv,
 # and the project with its dev extras. Idempotent and quiet when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in libmariadb-dev pkg-config gcc chromium; do
+for pkg in libmariadb-dev pkg-config gcc chromium jq; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

@@ -110,14 +110,6 @@ def chain_spec(chain: str) -> ChainSpec:
     return CHAINS[chain]
 
 
-def upgrade_command_for_table(table: str) -> str | None:
-    """The ``db upgrade`` command that creates ``table`` (for "table missing" messages)."""
-    for spec in CHAINS.values():
-        if table in spec.head_metadata().tables:
-            return spec.upgrade_command
-    return None
-
-
 @functools.cache
 def script_directory(chain: Chain) -> ScriptDirectory:
     return ScriptDirectory(str(MIGRATIONS / chain))

@@ -9,31 +9,18 @@ the table options -- compared element by element after normalising only spelling
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orbit_tasks.db.migrate import render_sql
+from tests.schema_support import SEEDS
 
-REPO = Path(__file__).resolve().parents[2]
 MYSQL8_URL = "mysql+mysqldb://u@localhost/x"
 SEED_TABLES = {
     "platform": ("orbit_archive.sql", ("orbit_archive_plans", "orbit_archive_jobs")),
     "business": ("sender_outbox.sql", ("sender_outbox", "sender_jobs")),
 }
-
-
-def _seed_dir() -> Path:
-    for candidate in (
-        REPO / "seeds",
-        REPO / "orbit_tasks" / "db" / "seeds",
-        REPO.parent / "shared" / "seeds",
-        REPO.parents[1] / "shared" / "seeds",
-    ):
-        if (candidate / "orbit_archive.sql").is_file():
-            return candidate
-    raise AssertionError("seed DDL not found (seeds/ in the repository or ../shared/seeds)")
 
 
 _QUOTED = r"'(?:[^'\\]|\\.|'')*'"
@@ -192,7 +179,7 @@ def test_mysql8_rendered_ddl_is_the_seed(chain: str) -> None:
     seed_file, names = SEED_TABLES[chain]
     rendered_sql = render_sql(chain, MYSQL8_URL)  # type: ignore[arg-type]
     assert "uca1400" not in rendered_sql  # the MariaDB mapping is not applied for MySQL 8
-    seed = parse_ddl((_seed_dir() / seed_file).read_text(encoding="utf-8"))
+    seed = parse_ddl((SEEDS / seed_file).read_text(encoding="utf-8"))
     rendered = parse_ddl(rendered_sql)
     for name in names:
         assert name in rendered, f"{chain} migrations do not create {name}"
@@ -216,7 +203,7 @@ def test_mysql8_rendered_ddl_keeps_the_0900_collations() -> None:
 
 def test_the_comparison_sees_a_difference() -> None:
     """The parser is not blind: one changed default, index or check is a difference."""
-    seed_sql = (_seed_dir() / "orbit_archive.sql").read_text(encoding="utf-8")
+    seed_sql = (SEEDS / "orbit_archive.sql").read_text(encoding="utf-8")
     base = parse_ddl(seed_sql)["orbit_archive_jobs"]
     for old, new in [
         ("DEFAULT 'PENDING'", "DEFAULT 'RUNNING'"),

@@ -149,12 +149,3 @@ def test_types_and_collations() -> None:
     assert (kind.charset, kind.collation) == ("utf8mb4", "utf8mb4_uca1400_as_cs")
     assert facts.options["collation"] == "utf8mb4_uca1400_as_cs"
     assert normalize_default("(strftime('%Y', 'now'))") == "strftime('%Y', 'now')"
-
-
-def test_missing_table_hint_names_the_chain_command() -> None:
-    from orbit_tasks.db.schema_check import upgrade_command_for_table
-
-    assert upgrade_command_for_table("orbit_archive_jobs") == "orbit db upgrade"
-    assert upgrade_command_for_table("orbit_idempotency_records") == "orbit db upgrade"
-    assert upgrade_command_for_table("sender_outbox") == "orbit sender db upgrade"
-    assert upgrade_command_for_table("customers") is None
