@@ -10,22 +10,25 @@ plans per statement (``write_tick``; fewer rows matched than written -> TickConf
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    Boolean,
     Connection,
     Select,
     Update,
     and_,
+    bindparam,
     case,
     func,
     insert,
-    literal,
     or_,
     select,
     true,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -374,16 +377,13 @@ def namespace_states_shared(conn: Connection, ns_ids: Collection[bytes]) -> dict
 
 
 def latest_policies_query(keys: Collection[tuple[bytes, str]]) -> Select[Any]:
-    """The latest policy revision of every (namespace, kind) of ``keys``: one grouped read on the
-    policies' primary key prefix (namespace_id, kind); the caller drops the pairs it did not ask
-    for."""
+    """The latest policy revision of every (namespace, kind) of ``keys``: one grouped read of
+    exactly those pairs on the policies' primary key prefix (an IN list of pairs is a set of
+    point ranges on MariaDB; this is not a keyset comparison, for which the expanded form rules)."""
     pol = archive_policies.c
     return (
         select(pol.namespace_id, pol.kind, func.max(pol.revision))
-        .where(
-            pol.namespace_id.in_(sorted({ns for ns, _ in keys})),
-            pol.kind.in_(sorted({kind for _, kind in keys})),
-        )
+        .where(tuple_(pol.namespace_id, pol.kind).in_(sorted(keys)))
         .group_by(pol.namespace_id, pol.kind)
     )
 
@@ -394,44 +394,65 @@ def latest_policy_revisions(
     """{(namespace id, kind): latest policy revision} for the pairs of ``keys`` that have one."""
     if not keys:
         return {}
-    wanted = set(keys)
-    out: dict[tuple[bytes, str], int] = {}
-    for ns, kind, revision in conn.execute(latest_policies_query(wanted)):
-        key = (bytes(ns), str(kind))
-        if key in wanted:
-            out[key] = int(revision)
-    return out
+    rows = conn.execute(latest_policies_query(keys))
+    return {(bytes(ns), str(kind)): int(revision) for ns, kind, revision in rows}
 
 
-def _plan_cas(plan: Plan, *, job_is_null: bool) -> list[Any]:
-    return [
-        P.namespace_id == plan.namespace_id,
-        P.kind == plan.kind,
-        P.revision == plan.revision,
-        P.next_run_at == plan.next_run_at,
-        P.active_job_id.is_(None) if job_is_null else P.active_job_id.is_not(None),
-        P.enabled == true(),
-    ]
-
-
-def tick_update_statement(writes: Sequence[TickWrite]) -> Update:
-    """One compare-and-set UPDATE for every plan of ``writes``: each row must still hold exactly
-    what the tick saw (revision, next_run_at, enabled, and no active job when it gets one; an
-    active job when the run is coalesced). Only ``next_run_at`` and ``active_job_id`` change."""
+@functools.lru_cache(maxsize=16)
+def _tick_update_shape(size: int) -> Update:
+    """The compare-and-set UPDATE with ``size`` plan slots (a power of two), built once per size:
+    its text depends on nothing else, so SQLAlchemy compiles it once too. Values are bound
+    parameters; building and compiling a 200-plan expression for every page cost more than the
+    database did. Unused slots are bound to NULL, which matches no row."""
     conds = []
     next_runs = []
     job_ids = []
-    for w in writes:
-        key = and_(P.namespace_id == w.plan.namespace_id, P.kind == w.plan.kind)
-        job_is_null = w.job_id is not None or w.plan.active_job_id is None
-        conds.append(and_(*_plan_cas(w.plan, job_is_null=job_is_null)))
-        next_runs.append((key, literal(w.next_run_at, P.next_run_at.type)))
-        if w.job_id is not None:
-            job_ids.append((key, literal(w.job_id, P.active_job_id.type)))
-    values: dict[str, Any] = {"next_run_at": case(*next_runs, else_=P.next_run_at)}
-    if job_ids:
-        values["active_job_id"] = case(*job_ids, else_=P.active_job_id)
-    return update(archive_plans).where(or_(*conds)).values(**values)
+    for i in range(size):
+        ns = bindparam(f"ns{i}", type_=P.namespace_id.type)
+        kind = bindparam(f"kind{i}", type_=P.kind.type)
+        key = and_(P.namespace_id == ns, P.kind == kind)
+        conds.append(
+            and_(
+                key,
+                P.revision == bindparam(f"revision{i}", type_=P.revision.type),
+                P.next_run_at == bindparam(f"seen{i}", type_=P.next_run_at.type),
+                P.enabled == true(),
+                P.active_job_id.is_(None) == bindparam(f"no_job{i}", type_=Boolean()),
+            )
+        )
+        next_runs.append((key, bindparam(f"next{i}", type_=P.next_run_at.type)))
+        job = bindparam(f"job{i}", type_=P.active_job_id.type)
+        job_ids.append((key, func.coalesce(job, P.active_job_id)))
+    return (
+        update(archive_plans)
+        .where(or_(*conds))
+        .values(
+            next_run_at=case(*next_runs, else_=P.next_run_at),
+            active_job_id=case(*job_ids, else_=P.active_job_id),
+        )
+    )
+
+
+def tick_update_statement(writes: Sequence[TickWrite]) -> tuple[Update, dict[str, Any]]:
+    """One compare-and-set UPDATE for every plan of ``writes``, with its parameters: each row
+    must still hold exactly what the tick saw (revision, next_run_at, enabled, and no active job
+    when it gets one, an active job when the run is coalesced). Only ``next_run_at`` and
+    ``active_job_id`` change (a plan without a new job keeps its ``active_job_id``)."""
+    size = 1 << (len(writes) - 1).bit_length()  # a few shapes per process, not one per size
+    params: dict[str, Any] = {
+        f"{name}{i}": None
+        for i in range(len(writes), size)
+        for name in ("ns", "kind", "revision", "seen", "no_job", "next", "job")
+    }
+    for i, w in enumerate(writes):
+        params[f"ns{i}"] = w.plan.namespace_id
+        params[f"kind{i}"] = w.plan.kind
+        params[f"revision{i}"] = w.plan.revision
+        params[f"seen{i}"] = w.plan.next_run_at
+        params[f"no_job{i}"] = w.job_id is not None or w.plan.active_job_id is None
+        params[f"next{i}"] = w.next_run_at
+        params[f"job{i}"] = w.job_id
+    return _tick_update_shape(size), params
 
 
 def write_tick(conn: Connection, writes: Sequence[TickWrite], now: dt.datetime) -> None:
@@ -441,7 +462,8 @@ def write_tick(conn: Connection, writes: Sequence[TickWrite], now: dt.datetime) 
     plan row did not match (the caller rolls back; no job row has been written then)."""
     if not writes:
         return
-    result = conn.execute(tick_update_statement(writes))
+    statement, params = tick_update_statement(writes)
+    result = conn.execute(statement, params)
     if result.rowcount != len(writes):
         raise TickConflict(f"{len(writes) - result.rowcount} of {len(writes)} plans changed")
     jobs = [
