@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SCRIPTS = ["keyset", "archive_throughput", "sender_throughput"]
+SCRIPTS = ["keyset", "archive_throughput", "sender_throughput", "tick_scaling"]
 
 
 def main() -> int:

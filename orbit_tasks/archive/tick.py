@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # Reads "now" inside the caller's transaction. Production: ``db_now`` (SPEC §2).
 Clock = Callable[[Connection], datetime]
 
-DUE_PAGE = 200
+DUE_PAGE = 256  # a power of two: full pages use the compare-and-set UPDATE without padding
 PAGE_ATTEMPTS = 3  # conflicting page transactions before the page's plans go one by one
 
 
