@@ -4,8 +4,10 @@
 of them due; each tick is measured on the same rows in the same run, once with this tree's
 ``run_tick`` and once with the per-plan ``run_tick`` of ``--baseline`` (the last commit before
 ticks in batches, extracted with ``git archive``). Both run in a fresh subprocess with the same
-harness: one engine, statements counted with ``before_cursor_execute``, wall time of
-``run_tick`` only, wake-ups to a no-op publisher (the sweep is bounded per tick either way).
+harness: one engine, statements counted with ``before_cursor_execute``, wall time and client
+CPU time of ``run_tick`` only (the CPU time is the steadier number on a shared machine), wake-ups
+to a no-op publisher (the sweep is bounded per tick either way). The runs of both sides are
+interleaved so that they see the same load; medians are reported.
 Issue 8's baseline was ~8 statements and ~3 ms per due plan (1% of 100k due: 3.1 s).
 Writes bench/tick_scaling.json.
 
@@ -68,12 +70,14 @@ def publish(*_args, **_kw):
     pass
 
 settings = load_settings({"ORBIT_VAR_DIR": "/tmp/orbit-bench-unused"})
+cpu = time.process_time()
 start = time.perf_counter()
 report = run_tick(engine, settings, publish)
 seconds = time.perf_counter() - start
+cpu = time.process_time() - cpu
 engine.dispose()
-print(json.dumps({"seconds": seconds, "statements": count[0], "jobs": len(report.jobs_created),
-                  "tree": orbit_tasks.__file__}))
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "statements": count[0],
+                  "jobs": len(report.jobs_created), "tree": orbit_tasks.__file__}))
 """
 
 
@@ -116,6 +120,8 @@ def main() -> None:
     args = parser.parse_args()
     percents = [float(p) for p in args.due.split(",")]
     result: dict[str, Any] = {"plans": args.plans, "storages": STORAGES}
+    # The machine is shared: compare the ratios; the load says how far absolute times are off.
+    result["load_average_1min_at_start"] = round(os.getloadavg()[0], 2)
     with (
         tempfile.TemporaryDirectory() as tmp,
         mariadb_database("orbit_bench_t") as url,
@@ -138,32 +144,41 @@ def main() -> None:
             due = random.Random(int(pct * 100)).sample(keys, round(len(keys) * pct / 100))
             label = f"{pct:g}pct"
             runs: dict[str, list[dict[str, Any]]] = {"batched": [], "per_plan": []}
-            sides = [("batched", ROOT, args.repeat)]
-            if baseline is not None:
-                sides.append(("per_plan", baseline, args.baseline_repeat))
-            for side, tree, repeat in sides:
-                for _ in range(repeat):
-                    with engine.connect() as conn:
-                        at = db_now(conn) - dt.timedelta(hours=1)
-                    reset_all(engine, at, due)
-                    run = measure(url, tree)
-                    if run["jobs"] != len(due):
-                        raise SystemExit(f"{side}: {run['jobs']} jobs for {len(due)} due plans")
-                    runs[side].append(run)
-                    print(f"{label} {side}: {run}", flush=True)
+            # Interleaved (batched, per-plan, batched, ...): both sides see the same load.
+            order = []
+            for i in range(max(args.repeat, args.baseline_repeat)):
+                if i < args.repeat:
+                    order.append(("batched", ROOT))
+                if baseline is not None and i < args.baseline_repeat:
+                    order.append(("per_plan", baseline))
+            for side, tree in order:
+                with engine.connect() as conn:
+                    at = db_now(conn) - dt.timedelta(hours=1)
+                reset_all(engine, at, due)
+                run = measure(url, tree)
+                if run["jobs"] != len(due):
+                    raise SystemExit(f"{side}: {run['jobs']} jobs for {len(due)} due plans")
+                runs[side].append(run)
+                print(f"{label} {side}: {run}", flush=True)
             result[f"due_{label}"] = len(due)
             for side, got in runs.items():
                 if not got:
                     continue
                 seconds = statistics.median(r["seconds"] for r in got)
                 result[f"{side}_{label}_seconds"] = round(seconds, 3)
+                cpu = statistics.median(r["cpu_seconds"] for r in got)
+                result[f"{side}_{label}_client_cpu_seconds"] = round(cpu, 3)
                 result[f"{side}_{label}_statements"] = got[0]["statements"]
                 result[f"{side}_{label}_ms_per_due_plan"] = round(1000 * seconds / len(due), 3)
             if runs["per_plan"]:
                 result[f"speedup_{label}"] = round(
                     result[f"per_plan_{label}_seconds"] / result[f"batched_{label}_seconds"], 1
                 )
+                result[f"statements_ratio_{label}"] = round(
+                    result[f"per_plan_{label}_statements"] / result[f"batched_{label}_statements"]
+                )
     result["baseline_ref"] = args.baseline
+    result["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
     result["measured_at_unix"] = int(time.time())
     print(json.dumps(result, indent=2))
     (ROOT / "bench" / "tick_scaling.json").write_text(json.dumps(result, indent=2) + "\n")
