@@ -20,6 +20,7 @@ SCRIPTS = [
     "sender_throughput",
     "restore_throughput",
     "metrics_scrape",
+    "tick_scaling",
 ]
 
 

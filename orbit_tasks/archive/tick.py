@@ -1,34 +1,49 @@
 """One archive tick (SPEC §7): due plans -> jobs, then the sweep -> wake-ups.
 
 Beat's ``orbit.archive.tick`` task and ``orbit archive tick`` both call :func:`run_tick`.
-Every decision uses the database clock. Each plan is handled in its own short transaction with a
-compare-and-set on the plan row, so two ticks at once (a duplicate beat) create no extra job: the
-loser's update matches no row and it skips the plan. Wake-ups are published after the
-transactions commit; losing them only delays work until the next tick's sweep.
+
+Due plans are handled a page (``DUE_PAGE``) at a time, each page in one transaction of a fixed
+number of statements whatever its size (docs/archive-plans.md): the clock, the due scan, the
+namespaces' states, the latest policy revisions, one compare-and-set UPDATE of the page's plans,
+one multi-row INSERT of its new jobs. When another tick or an operator changed one of those plans
+after the scan, the compare-and-set matches fewer rows than it wrote: the page is rolled back and
+scanned again, and after ``PAGE_ATTEMPTS`` such conflicts its plans are handled one per
+transaction (a page of one), so no decision is ever written over a row it did not see. Wake-ups
+are published after the transactions commit; losing them only delays work until the next sweep.
+
+Every read of the time goes through ``clock(conn)``: the database clock in production, fixed
+instants in the boundary tests (SPEC §2 "one clock").
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from orbit_tasks.archive import plan_store, schedule
+from orbit_tasks.archive.schedule import TickAction
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import TransientError
+from orbit_tasks.ids import new_id
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import list_storages
 from orbit_tasks.settings import Settings
 
 log = logging.getLogger(__name__)
 
-DUE_PAGE = 200
+# Reads "now" inside the caller's transaction. Production: ``db_now`` (SPEC §2).
+Clock = Callable[[Connection], datetime]
+
+DUE_PAGE = 256  # a power of two: full pages use the compare-and-set UPDATE without padding
+PAGE_ATTEMPTS = 3  # conflicting page transactions before the page's plans go one by one
 
 
 @dataclass
@@ -53,21 +68,27 @@ class TickReport:
         return out
 
 
-def run_tick(engine: Engine, settings: Settings, publish: Publisher = publish_wakeup) -> TickReport:
+def run_tick(
+    engine: Engine,
+    settings: Settings,
+    publish: Publisher = publish_wakeup,
+    *,
+    clock: Clock = db_now,
+) -> TickReport:
     """One tick. Transient database or broker faults are logged and raised as TransientError
     (nothing is half-done: committed jobs are found again by the next tick's sweep)."""
     report = TickReport()
     stage = "plans"
     try:
         with engine.connect() as conn:
-            now = db_now(conn)
+            report.now = clock(conn)
             storages = [bytes.fromhex(s["storage_id"]) for s in list_storages(conn)]
-        report.now = now
         report.storages = len(storages)
         for storage_id in storages:
-            _create_jobs(engine, storage_id, now, report)
+            _create_jobs(engine, storage_id, clock, report)
         stage = "sweep"
-        _sweep_and_publish(engine, storages, settings.archive_wakeups_per_tick, publish, report)
+        budget = settings.archive_wakeups_per_tick
+        _sweep_and_publish(engine, storages, budget, publish, clock, report)
     except TransientError:
         raise
     except Exception as exc:
@@ -115,99 +136,167 @@ def _is_broker_error(exc: BaseException) -> bool:
     return isinstance(exc, KombuOperationalError | OSError)  # OSError: unreachable, no folder
 
 
-def _create_jobs(engine: Engine, storage_id: bytes, now: datetime, report: TickReport) -> None:
+@dataclass(frozen=True)
+class _Outcome:
+    """One plan's decision; reported and logged only after its transaction committed."""
+
+    action: TickAction
+    plan: plan_store.Plan
+    next_run_at: datetime | None = None
+    job_id: bytes | None = None
+    namespace_state: str | None = None
+    latest_policy_revision: int | None = None
+
+
+def _create_jobs(engine: Engine, storage_id: bytes, clock: Clock, report: TickReport) -> None:
     after: plan_store.DueCursor | None = None
     while True:
-        with engine.connect() as conn:
-            page = plan_store.due_plans(conn, storage_id, now, DUE_PAGE, after)
-        for plan in page:
-            _handle_plan(engine, plan, report)
+        page, outcomes, lost = _tick_page(engine, storage_id, clock, after)
+        for outcome in outcomes:
+            _report(outcome, report)
+        report.lost += lost
         if len(page) < DUE_PAGE:
             return
         last = page[-1]
         after = (last.next_run_at, last.namespace_id, last.kind)
 
 
-def _handle_plan(engine: Engine, seen: plan_store.Plan, report: TickReport) -> None:
-    ns_hex, kind = seen.namespace_id.hex(), seen.kind
-    with engine.begin() as conn:
-        now = db_now(conn)
-        # Decide on the row as it is now (the scan may be a moment old); the compare-and-set
-        # below is on exactly these values.
-        plan = plan_store.get_plan(conn, seen.namespace_id, kind)
-        if plan is None:
-            return
-        state = plan_store.namespace_state_shared(conn, plan.namespace_id)
-        latest = plan_store.latest_policy_revision(conn, plan.namespace_id, kind)
+def _tick_page(
+    engine: Engine, storage_id: bytes, clock: Clock, after: plan_store.DueCursor | None
+) -> tuple[list[plan_store.Plan], list[_Outcome], int]:
+    """One page of due plans after ``after``: (the plans scanned, what was committed for them,
+    how many compare-and-sets were lost in the one-by-one fallback)."""
+    page: list[plan_store.Plan] = []
+    for attempt in range(1, PAGE_ATTEMPTS + 1):
+        try:
+            with engine.begin() as conn:
+                now = clock(conn)
+                page = plan_store.due_plans(conn, storage_id, now, DUE_PAGE, after)
+                outcomes, writes = _decide(conn, page, now)
+                plan_store.write_tick(conn, writes, now)
+            return page, outcomes, 0
+        except plan_store.TickConflict:
+            # Rolled back: nothing of this page was written. A rescan sees the other writer's
+            # committed rows (plans it advanced are no longer due).
+            log_action(
+                log,
+                "archive.tick.page_conflict",
+                storage_id=storage_id,
+                plans=len(page),
+                attempt=attempt,
+            )
+    outcomes = []
+    lost = 0
+    for seen in page:
+        one = _tick_one(engine, seen, clock)
+        if one is None:
+            lost += 1
+        else:
+            outcomes += one
+    return page, outcomes, lost
+
+
+def _tick_one(engine: Engine, seen: plan_store.Plan, clock: Clock) -> list[_Outcome] | None:
+    """A page of one: the plan re-read and decided in its own transaction. None = the
+    compare-and-set lost (another tick or an operator got there first)."""
+    try:
+        with engine.begin() as conn:
+            now = clock(conn)
+            plan = plan_store.get_plan(conn, seen.namespace_id, seen.kind)
+            if plan is None:
+                return []
+            outcomes, writes = _decide(conn, [plan], now)
+            plan_store.write_tick(conn, writes, now)
+            return outcomes
+    except plan_store.TickConflict:
+        return None
+
+
+def _decide(
+    conn: Connection, plans: list[plan_store.Plan], now: datetime
+) -> tuple[list[_Outcome], list[plan_store.TickWrite]]:
+    """SPEC §4 for each plan as read in this transaction (two set-based reads for the page):
+    what to report, and what to write by compare-and-set on exactly the values read."""
+    states = plan_store.namespace_states_shared(conn, {p.namespace_id for p in plans})
+    latest = plan_store.latest_policy_revisions(conn, {(p.namespace_id, p.kind) for p in plans})
+    outcomes: list[_Outcome] = []
+    writes: list[plan_store.TickWrite] = []
+    for plan in plans:
+        state = states.get(plan.namespace_id)
+        latest_revision = latest.get((plan.namespace_id, plan.kind))
         action = schedule.tick_action(
             enabled=plan.enabled,
             next_run_at=plan.next_run_at,
             now=now,
             namespace_active=state == "ACTIVE",
             policy_revision=plan.policy_revision,
-            latest_policy_revision=latest,
+            latest_policy_revision=latest_revision,
             active_job_id=plan.active_job_id,
         )
-        if action is schedule.TickAction.NOT_DUE:
-            return
-        if action is schedule.TickAction.POLICY_UNCONFIRMED:
+        if action is TickAction.NOT_DUE:
+            continue
+        if action is TickAction.POLICY_UNCONFIRMED:
             # No job and next_run_at stays: the plan is due again as soon as the operator
             # confirms the latest revision (coalescing applies then).
-            report.policy_unconfirmed.append((ns_hex, kind))
-            log_action(
-                log,
-                "archive.plan.policy_unconfirmed",
-                logging.WARNING,
-                namespace_id=plan.namespace_id,
-                kind=kind,
-                plan_policy_revision=plan.policy_revision,
-                latest_policy_revision=latest,
-            )
-            return
+            outcomes.append(_Outcome(action, plan, latest_policy_revision=latest_revision))
+            continue
         next_run = schedule.next_after(plan.next_run_at, plan.interval_seconds, now)
-        if action is schedule.TickAction.CREATE_JOB:
-            job_id = plan_store.create_job(conn, plan, next_run, now)
-            if job_id is None:
-                report.lost += 1
-                return
-            report.jobs_created.append((ns_hex, kind, job_id.hex()))
-            log_action(
-                log,
-                "archive.plan.job_created",
-                namespace_id=plan.namespace_id,
-                kind=kind,
-                job_id=job_id,
-                storage_id=plan.storage_id,
-                plan_revision=plan.revision,
-                policy_revision=plan.policy_revision,
-                next_run_at=next_run,
-            )
-            return
-        # COALESCED (a job is still active) or NAMESPACE_INACTIVE: skip this run, keep the phase.
-        if not plan_store.advance_plan(conn, plan, next_run):
-            report.lost += 1
-            return
-        if action is schedule.TickAction.COALESCED:
-            report.coalesced.append((ns_hex, kind))
-            log_action(
-                log,
-                "archive.plan.coalesced",
-                namespace_id=plan.namespace_id,
-                kind=kind,
-                active_job_id=plan.active_job_id,
-                next_run_at=next_run,
-            )
-        else:
-            report.namespace_inactive.append((ns_hex, kind))
-            log_action(
-                log,
-                "archive.plan.namespace_inactive",
-                logging.WARNING,
-                namespace_id=plan.namespace_id,
-                kind=kind,
-                namespace_state=state,
-                next_run_at=next_run,
-            )
+        # COALESCED (a job is still active) and NAMESPACE_INACTIVE skip this run, phase kept.
+        job_id = new_id() if action is TickAction.CREATE_JOB else None
+        writes.append(plan_store.TickWrite(plan, next_run, job_id))
+        outcomes.append(_Outcome(action, plan, next_run, job_id, namespace_state=state))
+    return outcomes, writes
+
+
+def _report(outcome: _Outcome, report: TickReport) -> None:
+    plan = outcome.plan
+    key = (plan.namespace_id.hex(), plan.kind)
+    if outcome.action is TickAction.CREATE_JOB:
+        assert outcome.job_id is not None
+        report.jobs_created.append((*key, outcome.job_id.hex()))
+        log_action(
+            log,
+            "archive.plan.job_created",
+            namespace_id=plan.namespace_id,
+            kind=plan.kind,
+            job_id=outcome.job_id,
+            storage_id=plan.storage_id,
+            plan_revision=plan.revision,
+            policy_revision=plan.policy_revision,
+            next_run_at=outcome.next_run_at,
+        )
+    elif outcome.action is TickAction.POLICY_UNCONFIRMED:
+        report.policy_unconfirmed.append(key)
+        log_action(
+            log,
+            "archive.plan.policy_unconfirmed",
+            logging.WARNING,
+            namespace_id=plan.namespace_id,
+            kind=plan.kind,
+            plan_policy_revision=plan.policy_revision,
+            latest_policy_revision=outcome.latest_policy_revision,
+        )
+    elif outcome.action is TickAction.COALESCED:
+        report.coalesced.append(key)
+        log_action(
+            log,
+            "archive.plan.coalesced",
+            namespace_id=plan.namespace_id,
+            kind=plan.kind,
+            active_job_id=plan.active_job_id,
+            next_run_at=outcome.next_run_at,
+        )
+    else:
+        report.namespace_inactive.append(key)
+        log_action(
+            log,
+            "archive.plan.namespace_inactive",
+            logging.WARNING,
+            namespace_id=plan.namespace_id,
+            kind=plan.kind,
+            namespace_state=outcome.namespace_state,
+            next_run_at=outcome.next_run_at,
+        )
 
 
 def _sweep_and_publish(
@@ -215,6 +304,7 @@ def _sweep_and_publish(
     storages: list[bytes],
     budget: int,
     publish: Publisher,
+    clock: Clock,
     report: TickReport,
 ) -> None:
     """At most ``budget`` wake-ups in total; each storage gets an equal share first, and what a
@@ -225,16 +315,16 @@ def _sweep_and_publish(
             return
         share = min(remaining, math.ceil(remaining / (len(storages) - index)))
         with engine.connect() as conn:
-            now = db_now(conn)
-            found = plan_store.sweep(conn, storage_id, now, share)
-        for ns_id, job_id in found:
-            publish(storage_id, ns_id, job_id)
+            found = plan_store.sweep(conn, storage_id, clock(conn), share)
+        for job in found:
+            publish(storage_id, job.namespace_id, job.job_id, kind=job.kind)
             report.wakeups_published += 1
             remaining -= 1
             log_action(
                 log,
                 "archive.sweep.wakeup",
                 storage_id=storage_id,
-                namespace_id=ns_id,
-                job_id=job_id,
+                namespace_id=job.namespace_id,
+                job_id=job.job_id,
+                kind=job.kind,
             )

@@ -344,7 +344,9 @@ def test_tick_creates_one_job_with_frozen_fields_and_wakes_it(
     message = json.loads(raw[0])
     assert message["headers"]["task"] == "orbit.archive.run_job"
     assert message["headers"].get("eta") is None and message["headers"].get("countdown") is None
-    assert json.loads(message["headers"]["argsrepr"].replace("'", '"')) == [w.ns.hex(), job_hex]
+    assert message["headers"]["argsrepr"] == (
+        f"(kind=tasks, namespace={w.ns.hex()}, storage={w.storage.hex()}, job={job_hex})"
+    )
 
     # A second tick right away creates nothing new but wakes the still-PENDING job again.
     again = run_tick(platform_engine, settings(), publisher)
@@ -549,13 +551,14 @@ def test_sweep_finds_pending_and_expired_running_and_is_bounded(
 
     with e.connect() as conn:
         found = plan_store.sweep(conn, w.storage, db_now(conn), 10)
-        assert [j for _, j in found] == [expired, pend_old, pend_new]
-        assert [j for _, j in plan_store.sweep(conn, w.storage, db_now(conn), 2)] == [
+        assert [j.job_id for j in found] == [expired, pend_old, pend_new]
+        assert {(j.namespace_id, j.kind) for j in found} == {(w.ns, "tasks")}
+        assert [j.job_id for j in plan_store.sweep(conn, w.storage, db_now(conn), 2)] == [
             expired,
             pend_old,
         ]
         assert plan_store.sweep(conn, w.storage, db_now(conn), 0) == []
-        assert [j for _, j in plan_store.sweep(conn, other, db_now(conn), 10)] == [pend_other]
+        assert [j.job_id for j in plan_store.sweep(conn, other, db_now(conn), 10)] == [pend_other]
 
     report = run_tick(e, settings(), publisher)
     assert report.wakeups_published == 4
@@ -770,9 +773,15 @@ def test_job_creation_compare_and_set_refuses_every_stale_view(platform_engine: 
     seen = w.set().plan
 
     def try_create(view: plan_store.Plan) -> bytes | None:
-        with platform_engine.begin() as conn:
-            now = db_now(conn)
-            return plan_store.create_job(conn, view, now + dt.timedelta(days=1), now)
+        job_id = new_id()
+        try:
+            with platform_engine.begin() as conn:
+                now = db_now(conn)
+                write = plan_store.TickWrite(view, now + dt.timedelta(days=1), job_id)
+                plan_store.write_tick(conn, [write], now)
+        except plan_store.TickConflict:
+            return None
+        return job_id
 
     w.set(batch_size=5)  # operator change: revision moved on
     assert try_create(seen) is None
@@ -800,7 +809,8 @@ def test_operator_change_racing_a_tick_keeps_the_ticks_next_run(platform_engine:
     tick_tx = tick_conn.begin()
     now = db_now(tick_conn)
     advanced = schedule.next_after(seen.next_run_at, seen.interval_seconds, now)
-    assert plan_store.create_job(tick_conn, seen, advanced, now) is not None  # row lock held
+    write = plan_store.TickWrite(seen, advanced, new_id())
+    plan_store.write_tick(tick_conn, [write], now)  # the row lock is held until the commit
     errors: list[BaseException] = []
 
     def change() -> None:
