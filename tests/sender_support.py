@@ -251,8 +251,8 @@ def celery_env(
         CELERY_BROKER_URL=REDIS_URL,
         ORBIT_API_URL=api_url,
         ORBIT_API_TOKEN=token,
-        ORBIT_SENDER_LEASE_SECONDS="6",
-        ORBIT_SENDER_HTTP_TIMEOUT_SECONDS="2",
+        # HTTP bound: the default the lease allows (1.5 s; orbit_tasks/sender/limits.py).
+        ORBIT_SENDER_LEASE_SECONDS="8",
         ORBIT_SENDER_CONCURRENCY="8",
         ORBIT_SENDER_TICK_SECONDS="1",
     )
