@@ -31,6 +31,7 @@ class Identity:
     namespace_id: str
     queue_ids: frozenset[str]
     fetched_at: float  # time.monotonic()
+    namespace_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -226,11 +227,13 @@ class PlatformClient:
             ns = doc["namespace_id"]
             queues = frozenset(q["id"] for q in doc["queues"])
             cred = doc.get("credential_id", "")
+            name = doc.get("namespace", "")
         except (ValueError, UnicodeDecodeError, KeyError, TypeError, RecursionError):
             raise IdentityUnavailable("GET /v1/credential answered an unreadable body") from None
         if not policy.is_hex32(ns) or not all(policy.is_hex32(q) for q in queues):
             raise IdentityUnavailable("GET /v1/credential answered ids that are not 32 hex")
-        return Identity(str(cred), ns, queues, time.monotonic())
+        name = name if isinstance(name, str) else ""
+        return Identity(str(cred), ns, queues, time.monotonic(), namespace_name=name)
 
     # --- submission ------------------------------------------------------------------------
 
