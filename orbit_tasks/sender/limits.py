@@ -2,12 +2,16 @@
 limits of a pass").
 
 A pass must always end on its own before Celery's soft time limit, and the hard limit stays below
-the lease (SPEC §7). With ``m = clamp(lease / 12, 0.5 s, 5 s)``::
+the lease (SPEC §7). With ``m = clamp(lease / 12, 0.5 s, 5 s)`` and ``room = lease - 3 m``::
 
-    hard limit  = lease - m                      (below the lease)
-    soft limit  = hard - m                       (m to wind down cleanly)
-    pass bound  = claim budget + 2 * http bound <= soft - m   (m left for the last DB writes)
-    claim budget = min(20 s, room - 2 * http bound), room = soft - m
+    claim budget = min(20 s, room - 2 * http bound)
+    pass bound   = claim budget + 2 * http bound          (<= room)
+    soft limit   = min(lease - 2 m, pass bound + 2 m)     (>= pass bound + m: m for the last
+                                                           DB writes)
+    hard limit   = soft limit + m                         (<= lease - m: below the lease)
+
+so a stuck pass is stopped soon after the point where a healthy one has ended, also with a long
+lease.
 
 The pass claims only during the claim budget; a claimed row starts an HTTP exchange only while
 that exchange (bounded in total by the http bound, plus one identity refresh when that is due)
@@ -71,14 +75,14 @@ def pass_limits(lease_seconds: int, http_seconds: float | None = None) -> PassLi
             f"(allowed {MIN_HTTP_SECONDS}..{top:g})"
         )
     m = margin_seconds(lease_seconds)
-    hard = lease_seconds - m
-    soft = hard - m
-    claim = min(MAX_CLAIM_SECONDS, soft - m - 2 * http)
+    claim = min(MAX_CLAIM_SECONDS, _room(lease_seconds) - 2 * http)
+    pass_seconds = claim + 2 * http
+    soft = min(lease_seconds - 2 * m, pass_seconds + 2 * m)
     return PassLimits(
         lease_seconds=lease_seconds,
         http_seconds=http,
         claim_seconds=claim,
-        pass_seconds=claim + 2 * http,
+        pass_seconds=pass_seconds,
         soft_limit_seconds=soft,
-        hard_limit_seconds=hard,
+        hard_limit_seconds=soft + m,
     )

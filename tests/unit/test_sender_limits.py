@@ -17,11 +17,12 @@ def _check(lim: limits.PassLimits) -> None:
     m = limits.margin_seconds(lim.lease_seconds)
     assert m >= 0.5
     # the hard limit is below the lease, the soft limit below the hard one, with room between
-    assert lim.hard_limit_seconds <= lim.lease_seconds - m
-    assert lim.soft_limit_seconds <= lim.hard_limit_seconds - m
+    eps = 1e-9  # float arithmetic
+    assert lim.hard_limit_seconds <= lim.lease_seconds - m + eps
+    assert lim.soft_limit_seconds <= lim.hard_limit_seconds - m + eps
     # the last HTTP exchange ends by pass_seconds; m is left for the last outcome writes
     assert lim.pass_seconds == pytest.approx(lim.claim_seconds + 2 * lim.http_seconds)
-    assert lim.pass_seconds <= lim.soft_limit_seconds - m + 1e-9
+    assert lim.pass_seconds <= lim.soft_limit_seconds - m + eps
     # a row claimed at the end of the claim budget still fits an identity refresh and a send
     assert lim.claim_seconds + 2 * lim.http_seconds <= lim.pass_seconds + 1e-9
     assert 0 < lim.claim_seconds <= limits.MAX_CLAIM_SECONDS
@@ -53,6 +54,11 @@ def test_the_issue_case_lease_9() -> None:
     lim = pass_limits(9)
     assert lim.http_seconds < lim.claim_seconds < lim.pass_seconds < lim.soft_limit_seconds
     assert (lim.soft_limit_seconds, lim.hard_limit_seconds) == (7.5, 8.25)
+
+
+def test_a_long_lease_does_not_let_a_stuck_pass_run_for_an_hour() -> None:
+    lim = pass_limits(3600)
+    assert (lim.pass_seconds, lim.soft_limit_seconds, lim.hard_limit_seconds) == (40.0, 50.0, 55.0)
 
 
 def test_default_lease_keeps_the_ten_second_http_bound() -> None:
