@@ -20,7 +20,6 @@ from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import NotFound, TransientError
 from orbit_tasks.ids import is_hex_id
 from orbit_tasks.platform import store as platform_store
-from orbit_tasks.sender.client import IdentityUnavailable, PlatformClient
 from orbit_tasks.settings import Settings
 
 _HINT = (
@@ -56,6 +55,9 @@ def resolve_namespace_id(ref: str, settings: Settings) -> str:
     else:
         unset.append("no platform database (ORBIT_DATABASE_URL)")
     if settings.api_token:
+        # Imported here: httpx costs every other `orbit` command ~0.1 s of start-up.
+        from orbit_tasks.sender.client import IdentityUnavailable, PlatformClient
+
         client = PlatformClient(
             settings.api_url,
             settings.api_token,
