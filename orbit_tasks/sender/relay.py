@@ -140,7 +140,7 @@ class Relay:
         self, conn: Connection, fn: Callable[[Connection, bool], T], attempts: int = 3
     ) -> T:
         """Run ``fn(conn, batched)`` in one transaction on ``conn``; retry a deadlock / lock wait
-        timeout a few times, and a raced one-statement claim once with single-row claims."""
+        timeout a few times, and a raced page statement once with single-row statements."""
         batched = True
         for attempt in range(attempts):
             try:
@@ -462,6 +462,8 @@ class Relay:
                             logging.WARNING,
                             reason=str(exc),
                         )
+                    if self.monotonic() >= claim_end:  # the refresh itself took the rest
+                        identity, claiming = None, False
                 # While claiming goes on, outcomes wait for the next claim step (a page of them
                 # shares one commit); afterwards they are written as they come.
                 if identity is not None or (finished and not claiming):
