@@ -17,9 +17,8 @@ import math
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
@@ -28,7 +27,10 @@ from sqlalchemy.exc import OperationalError
 from orbit_tasks.db.faults import is_lock_conflict
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
-from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient, SendResult
+from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
+from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassStats, Sent
+
+__all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
 logger = logging.getLogger("orbit.sender")
 
@@ -46,51 +48,6 @@ Monotonic = Callable[[], float]
 LogEntry = tuple[str, int, dict[str, Any]]
 
 
-@dataclass
-class PassStats:
-    claimed: int = 0
-    guarded: int = 0  # due rows moved to REVIEW by the claim guards
-    swept: int = 0  # rows moved to REVIEW DEADLINE_EXCEEDED by the sweep
-    results: dict[str, int] = field(default_factory=dict)
-    identity_error: bool = False
-    more: bool = False  # stopped by the pass budget with due rows left
-
-    def add(self, result: str) -> None:
-        self.results[result] = self.results.get(result, 0) + 1
-
-    def as_fields(self) -> dict[str, Any]:
-        return {
-            "claimed": self.claimed,
-            "guarded": self.guarded,
-            "swept": self.swept,
-            "identity_error": self.identity_error,
-            "more": self.more,
-            **{f"n_{k}": v for k, v in sorted(self.results.items())},
-        }
-
-
-@dataclass(frozen=True)
-class Owned:
-    row: store.Claimed
-    mono: float  # the monotonic seam, read just before the claim's database clock was read
-
-
-@dataclass(frozen=True)
-class Sent:
-    """What a sending thread did with one claimed row; the pass's thread records it."""
-
-    owned: Owned
-    action: Literal["sent", "review", "release"]
-    code: str = ""  # the REVIEW code of action "review"
-    reason: str = ""  # why a row was released unsent (logged)
-    result: SendResult | None = None
-
-
-class _BatchRaced(Exception):
-    """A one-statement claim or outcome write did not match every row it names (another sender
-    changed one): roll back and do that step row by row."""
-
-
 def _fields(row: store.Claimed) -> dict[str, Any]:
     return dict(
         namespace_id=row.namespace_id,
@@ -104,7 +61,8 @@ def _fields(row: store.Claimed) -> dict[str, Any]:
 def _flush(entries: list[LogEntry]) -> None:
     """Log what a transaction did, once it committed."""
     for action, level, fields in entries:
-        log_action(logger, action, level, **fields)
+        if logger.isEnabledFor(level):
+            log_action(logger, action, level, **fields)
 
 
 class Relay:
@@ -146,7 +104,7 @@ class Relay:
             try:
                 with conn.begin():
                     return fn(conn, batched)
-            except _BatchRaced:
+            except BatchRaced:
                 batched = False
             except OperationalError as exc:
                 if not is_lock_conflict(exc) or attempt == attempts - 1:
@@ -224,7 +182,7 @@ class Relay:
                     log.append(("sender.row.review", logging.INFO, fields))
             if batched:
                 if not store.claim_many(conn, ready, now, self.lease_seconds):
-                    raise _BatchRaced()
+                    raise BatchRaced()
             else:
                 ready = [c for c in ready if store.claim(conn, c, now, self.lease_seconds)]
             claimed += [store.claimed_row(c, now, self.lease_seconds) for c in ready]
@@ -332,6 +290,8 @@ class Relay:
         row = sent.owned.row
         fields = _fields(row)
         status = None if sent.result is None else sent.result.status
+        if sent.action == "error":
+            return "error"  # nothing to write: the row is taken over after its lease
         if sent.action == "release":
             if store.release(conn, row, now):
                 entry = {"reason": sent.reason, **fields}
@@ -364,7 +324,7 @@ class Relay:
         log: list[LogEntry],
     ) -> list[str]:
         """:meth:`record` for several rows; with ``batched`` the accepted ones of a namespace
-        share two statements (raises :class:`_BatchRaced` when one of them was stale)."""
+        share two statements (raises :class:`BatchRaced` when one of them was stale)."""
         labels: list[str] = []
         accepted: dict[str, list[tuple[Sent, policy.Outcome]]] = {}
         for sent in sents:
@@ -377,7 +337,7 @@ class Relay:
         for group in accepted.values():
             items = [(s.owned.row, str(oc.task_id), str(oc.receipt_json)) for s, oc in group]
             if not store.write_accepted_many(conn, items, now):
-                raise _BatchRaced()
+                raise BatchRaced()
             for sent, outcome in group:
                 assert sent.result is not None
                 fields = dict(code=outcome.code, status=sent.result.status, task_id=outcome.task_id)
@@ -435,16 +395,18 @@ class Relay:
         # outcomes and claims (one commit per page; measured in bench/sender_throughput.py).
         page = PAGE_PER_THREAD * self.concurrency
         window = WINDOW_PER_THREAD * self.concurrency
-        inflight: set[Future[Sent]] = set()
+        done = Finished()
+        ready: list[Sent] = []  # sends finished, outcome not yet written
+        pending = 0  # rows claimed and not yet recorded (ready ones included)
         drained = False
         with (
             self.engine.connect() as conn,
             ThreadPoolExecutor(self.concurrency, thread_name_prefix="orbit-sender") as pool,
         ):
             while True:
-                finished = {f for f in inflight if f.done()}
+                ready += done.take(0)
                 left = max_claims - stats.claimed
-                room = min(window - len(inflight) + len(finished), left)
+                room = min(window - pending + len(ready), left)
                 claiming = not drained and left > 0 and self.monotonic() < claim_end
                 identity: Identity | None = None
                 if claiming and room >= min(page, left):
@@ -466,38 +428,43 @@ class Relay:
                         identity, claiming = None, False
                 # While claiming goes on, outcomes wait for the next claim step (a page of them
                 # shares one commit); afterwards they are written as they come.
-                if identity is not None or (finished and not claiming):
-                    owned, seen = self._step(conn, finished, identity, room, stats)
-                    inflight -= finished
+                if identity is not None or (ready and not claiming):
+                    owned, seen = self._step(conn, ready, identity, room, stats)
+                    pending += len(owned) - len(ready)
+                    ready = []
                     stats.claimed += len(owned)
                     if identity is not None and seen == 0:
                         drained = True
-                    inflight.update(pool.submit(self.send, item, pass_end) for item in owned)
+                    for item in owned:
+                        pool.submit(self._send_to, done, item, pass_end)
                     continue
-                if not inflight:
+                if pending == 0:
                     break
-                wait(inflight - finished or inflight, return_when=FIRST_COMPLETED)
+                # Sleep until a page can be claimed (room grows by one per finished send; the
+                # rows in flight always suffice), or until one outcome can be written.
+                ready += done.take(max(1, min(page, left) - room) if claiming else 1)
         stats.more = not drained
         log_action(logger, "sender.pass.done", **stats.as_fields())
         return stats
 
+    def _send_to(self, done: Finished, owned: Owned, pass_end: float) -> None:
+        """A sending thread: :meth:`send`, then hand the result to the pass's thread."""
+        try:
+            done.put(self.send(owned, pass_end))
+        except Exception as exc:  # noqa: BLE001 - the row is taken over after its lease
+            self._row_error(owned, exc)
+            done.put(Sent(owned, "error"))
+
     def _step(
         self,
         conn: Connection,
-        finished: set[Future[Sent]],
+        sents: list[Sent],
         identity: Identity | None,
         room: int,
         stats: PassStats,
     ) -> tuple[list[Owned], int]:
         """One transaction: the outcomes of the finished sends, then (with an identity) the
         next page of claims. Returns (claimed rows, due rows seen)."""
-        sents: list[Sent] = []
-        for fut in finished:
-            try:
-                sents.append(fut.result())
-            except Exception as exc:  # noqa: BLE001 - the row is taken over after its lease
-                stats.add("error")
-                log_action(logger, "sender.row.error", logging.ERROR, error=type(exc).__name__)
         log: list[LogEntry] = []
 
         def run(c: Connection, batched: bool) -> tuple[list[str], list[Owned], int, int]:

@@ -12,11 +12,12 @@ store at ``boundary - 1 µs``, ``= boundary`` and ``+ 1 µs`` without sleeping.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
@@ -155,18 +156,7 @@ def due_candidates(
         # Only a hint to keep concurrent senders apart; the CAS below decides ownership.
         stmt = stmt.with_for_update(skip_locked=True)
     return [
-        Candidate(
-            namespace_id=r.namespace_id,
-            queue_id=r.queue_id,
-            operation_id=r.operation_id,
-            state=r.state,
-            lease_epoch=r.lease_epoch,
-            send_count=r.send_count,
-            send_deadline_at=r.send_deadline_at,
-            idempotency_key=r.idempotency_key,
-            request_json=r.request_json,
-            request_digest=bytes(r.request_digest),
-        )
+        Candidate(**{**r._asdict(), "request_digest": bytes(r.request_digest)})
         for r in conn.execute(stmt)
     ]
 
@@ -191,27 +181,43 @@ def guard_to_review(conn: Connection, c: Candidate, code: str, now: dt.datetime)
     return result.rowcount == 1
 
 
-def _claim_values(now: dt.datetime, lease_seconds: float) -> dict[str, Any]:
-    return dict(
-        send_count=o.c.send_count + 1,
-        lease_epoch=o.c.lease_epoch + 1,
-        state="SENDING",
-        wake_at=now + dt.timedelta(seconds=lease_seconds),
-        updated_at=now,
-    )
-
-
-def _claimable(now: dt.datetime) -> Any:
-    return and_(o.c.send_count < policy.MAX_SENDS, o.c.send_deadline_at > now)
-
-
 def claim(conn: Connection, c: Candidate, now: dt.datetime, lease_seconds: float) -> bool:
-    """Compare-and-set claim of one row: one more send, a new epoch, SENDING until
-    ``now + lease``."""
-    result = conn.execute(
-        update(o).where(_seen(c, now), _claimable(now)).values(**_claim_values(now, lease_seconds))
+    """Compare-and-set claim of one row (a page of one): one more send, a new epoch, SENDING
+    until ``now + lease``."""
+    return claim_many(conn, [c], now, lease_seconds)
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_page(n: int) -> Any:
+    """The claim statement for a page of ``n`` rows, built once per size: named parameters
+    ``op<i>``/``st<i>``/``ep<i>``, so a page costs no expression building at run time."""
+    as_seen = or_(
+        *(
+            and_(
+                o.c.operation_id == bindparam(f"op{i}"),
+                o.c.state == bindparam(f"st{i}"),
+                o.c.lease_epoch == bindparam(f"ep{i}"),
+            )
+            for i in range(n)
+        )
     )
-    return result.rowcount == 1
+    return (
+        update(o)
+        .where(
+            o.c.namespace_id == bindparam("ns"),
+            as_seen,
+            o.c.wake_at <= bindparam("now", type_=o.c.wake_at.type),
+            o.c.send_count < policy.MAX_SENDS,
+            o.c.send_deadline_at > bindparam("now", type_=o.c.wake_at.type),
+        )
+        .values(
+            send_count=o.c.send_count + 1,
+            lease_epoch=o.c.lease_epoch + 1,
+            state="SENDING",
+            wake_at=bindparam("until", type_=o.c.wake_at.type),
+            updated_at=bindparam("now", type_=o.c.wake_at.type),
+        )
+    )
 
 
 def claim_many(
@@ -226,21 +232,18 @@ def claim_many(
         return True
     ns = cands[0].namespace_id
     assert all(c.namespace_id == ns for c in cands)
-    as_seen = or_(
-        *(
-            and_(
-                o.c.operation_id == c.operation_id,
-                o.c.state == c.state,
-                o.c.lease_epoch == c.lease_epoch,
-            )
-            for c in cands
+    params: dict[str, Any] = {
+        "ns": ns,
+        "now": now,
+        "until": now + dt.timedelta(seconds=lease_seconds),
+    }
+    for i, c in enumerate(cands):
+        params[f"op{i}"], params[f"st{i}"], params[f"ep{i}"] = (
+            c.operation_id,
+            c.state,
+            c.lease_epoch,
         )
-    )
-    result = conn.execute(
-        update(o)
-        .where(o.c.namespace_id == ns, as_seen, o.c.wake_at <= now, _claimable(now))
-        .values(**_claim_values(now, lease_seconds))
-    )
+    result = conn.execute(_claim_page(len(cands)), params)
     return result.rowcount == len(cands)
 
 
@@ -277,27 +280,52 @@ def _mine(row: Claimed) -> Any:
 def write_accepted(
     conn: Connection, row: Claimed, task_id: str, receipt_json: str, now: dt.datetime
 ) -> bool:
-    """ACCEPTED with the original receipt, and ``sender_jobs.task_id`` in the same transaction."""
-    result = conn.execute(
+    """ACCEPTED with the original receipt, and ``sender_jobs.task_id`` in the same transaction
+    (a page of one)."""
+    return write_accepted_many(conn, [(row, task_id, receipt_json)], now)
+
+
+@functools.lru_cache(maxsize=256)
+def _accept_page(n: int) -> tuple[Any, Any]:
+    """The two statements that record a page of ``n`` accepted rows, built once per size:
+    the outbox rows, each fenced by its epoch, then their ``sender_jobs`` rows."""
+    mine = or_(
+        *(
+            and_(o.c.operation_id == bindparam(f"op{i}"), o.c.lease_epoch == bindparam(f"ep{i}"))
+            for i in range(n)
+        )
+    )
+
+    def by_op(column: Any, value: str, type_: Any) -> Any:
+        whens = [
+            (column == bindparam(f"op{i}"), bindparam(f"{value}{i}", type_=type_)) for i in range(n)
+        ]
+        return case(*whens)
+
+    outbox = (
         update(o)
-        .where(_mine(row))
+        .where(o.c.namespace_id == bindparam("ns"), mine, o.c.state == "SENDING")
         .values(
             state="ACCEPTED",
             wake_at=None,
             last_code=policy.ACCEPTED,
-            task_id=task_id,
-            receipt_json=receipt_json,
-            updated_at=now,
+            task_id=by_op(o.c.operation_id, "tid", o.c.task_id.type),
+            receipt_json=by_op(o.c.operation_id, "rec", o.c.receipt_json.type),
+            updated_at=bindparam("now", type_=o.c.updated_at.type),
         )
     )
-    if result.rowcount != 1:
-        return False
-    conn.execute(
+    jobs = (
         update(j)
-        .where(j.c.namespace_id == row.namespace_id, j.c.operation_id == row.operation_id)
-        .values(task_id=task_id, updated_at=now)
+        .where(
+            j.c.namespace_id == bindparam("ns"),
+            j.c.operation_id.in_([bindparam(f"op{i}") for i in range(n)]),
+        )
+        .values(
+            task_id=by_op(j.c.operation_id, "tid", j.c.task_id.type),
+            updated_at=bindparam("now", type_=j.c.updated_at.type),
+        )
     )
-    return True
+    return outbox, jobs
 
 
 def write_accepted_many(
@@ -311,33 +339,14 @@ def write_accepted_many(
         return True
     ns = accepted[0][0].namespace_id
     assert all(row.namespace_id == ns for row, _t, _r in accepted)
-    task_ids = {row.operation_id: task_id for row, task_id, _r in accepted}
-    receipts = {row.operation_id: receipt for row, _t, receipt in accepted}
-    mine = or_(
-        *(
-            and_(o.c.operation_id == row.operation_id, o.c.lease_epoch == row.lease_epoch)
-            for row, _t, _r in accepted
-        )
-    )
-    result = conn.execute(
-        update(o)
-        .where(o.c.namespace_id == ns, mine, o.c.state == "SENDING")
-        .values(
-            state="ACCEPTED",
-            wake_at=None,
-            last_code=policy.ACCEPTED,
-            task_id=case(task_ids, value=o.c.operation_id),
-            receipt_json=case(receipts, value=o.c.operation_id),
-            updated_at=now,
-        )
-    )
-    if result.rowcount != len(accepted):
+    params: dict[str, Any] = {"ns": ns, "now": now}
+    for i, (row, task_id, receipt) in enumerate(accepted):
+        params[f"op{i}"], params[f"ep{i}"] = row.operation_id, row.lease_epoch
+        params[f"tid{i}"], params[f"rec{i}"] = task_id, receipt
+    outbox, jobs = _accept_page(len(accepted))
+    if conn.execute(outbox, params).rowcount != len(accepted):
         return False
-    conn.execute(
-        update(j)
-        .where(j.c.namespace_id == ns, j.c.operation_id.in_(list(task_ids)))
-        .values(task_id=case(task_ids, value=j.c.operation_id), updated_at=now)
-    )
+    conn.execute(jobs, params)
     return True
 
 
@@ -475,11 +484,6 @@ def list_rows(
         )
     stmt = stmt.order_by(o.c.namespace_id, o.c.operation_id).limit(limit)
     return [dict(r._mapping) for r in conn.execute(stmt)]
-
-
-def count_by_state(conn: Connection) -> dict[str, int]:
-    rows = conn.execute(select(o.c.state, func.count()).group_by(o.c.state))
-    return {r[0]: int(r[1]) for r in rows}
 
 
 def requeue(conn: Connection, row: Any, now: dt.datetime) -> bool:

@@ -14,7 +14,6 @@ import dataclasses
 import datetime as dt
 import secrets
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -241,11 +240,7 @@ def test_a_page_of_outcomes_with_one_taken_over_row_falls_back_to_row_by_row(
     assert len(page) == 3
     lease_until = page[0].row.lease_until
     (taken,) = relay_at(biz, lease_until).claim_batch(IDENTITY, 1)[0]
-    finished: set[Future[Sent]] = set()
-    for owned in page:
-        fut: Future[Sent] = Future()
-        fut.set_result(Sent(owned, "sent", result=SendResult(201, _receipt(owned))))
-        finished.add(fut)
+    finished = [Sent(o, "sent", result=SendResult(201, _receipt(o))) for o in page]
     stats = PassStats()
     with biz.connect() as conn:
         assert old._step(conn, finished, None, 0, stats) == ([], 0)
