@@ -249,10 +249,7 @@ class Demo:
 
     def items(self, *args: str) -> list[Any]:
         """The items of a list command (docs/cli.md: ``{"items": [...], "next": cursor}``)."""
-        doc = json.loads(self.orbit_raw(*args, "--json"))
-        if isinstance(doc, list):  # `sender list` before it adopted the list shape
-            return doc
-        return list(doc["items"])
+        return list(json.loads(self.orbit_raw(*args, "--json"))["items"])
 
     def orbit_raw(self, *args: str) -> str:
         done = subprocess.run([*_orbit_bin(), *args], env=self.env, capture_output=True, text=True)

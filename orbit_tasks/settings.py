@@ -8,6 +8,7 @@ the bad value and the allowed range.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.logs import LOG_FORMATS, LOG_LEVELS
+from orbit_tasks.sender import limits as sender_limits
 
 
 @dataclass(frozen=True)
@@ -68,16 +70,26 @@ def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> i
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+def _float(
+    env: Mapping[str, str],
+    name: str,
+    default: float,
+    lo: float,
+    hi: float,
+    *,
+    context: str = "",
+) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise InvalidInput(f"{name}={raw!r} is not a number (allowed {lo}..{hi})") from None
-    if not lo <= value <= hi:
-        raise InvalidInput(f"{name}={value} is out of range (allowed {lo}..{hi})")
+        raise InvalidInput(
+            f"{name}={raw!r} is not a number (allowed {lo:g}..{hi:g}{context})"
+        ) from None
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise InvalidInput(f"{name}={value} is out of range (allowed {lo:g}..{hi:g}{context})")
     return value
 
 
@@ -92,9 +104,21 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             f"ORBIT_ARCHIVE_SLICE_SECONDS={slice_s} must be below "
             f"ORBIT_ARCHIVE_LEASE_SECONDS={lease} (allowed 1..{lease - 1})"
         )
-    sender_lease = _int(env, "ORBIT_SENDER_LEASE_SECONDS", 60, 5, 3600)
+    sender_lease = _int(
+        env,
+        "ORBIT_SENDER_LEASE_SECONDS",
+        60,
+        sender_limits.MIN_LEASE_SECONDS,
+        sender_limits.MAX_LEASE_SECONDS,
+    )
+    # Bounded by the lease so that a relay pass ends before its Celery soft limit (docs/sender.md).
     http_timeout = _float(
-        env, "ORBIT_SENDER_HTTP_TIMEOUT_SECONDS", min(10.0, sender_lease / 3), 0.1, sender_lease / 2
+        env,
+        "ORBIT_SENDER_HTTP_TIMEOUT_SECONDS",
+        sender_limits.default_http_seconds(sender_lease),
+        sender_limits.MIN_HTTP_SECONDS,
+        sender_limits.max_http_seconds(sender_lease),
+        context=f" for ORBIT_SENDER_LEASE_SECONDS={sender_lease}",
     )
     return Settings(
         var_dir=var_dir,

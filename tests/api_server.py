@@ -3,7 +3,8 @@
 ``api_server(platform_url)`` starts ``.venv/bin/orbit api serve`` on a free port with
 ``ORBIT_DATABASE_URL`` set, waits for ``/healthz``, yields the base URL and kills the server on
 exit (always, even when the test fails). ``running_api_server`` yields an :class:`ApiServer`
-that also gives access to the server's combined stdout/stderr.
+that also gives access to the server's combined stdout/stderr. ``tcp_forwarder`` puts a real TCP
+hop in front of the database so that a test can take it away from a running API.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,3 +121,80 @@ def api_server(platform_url: str, port: int | None = None) -> Iterator[str]:
     """Start the API on ``platform_url`` (a migrated platform database); yield its base URL."""
     with running_api_server(platform_url, port) as server:
         yield server.base_url
+
+
+class TcpForwarder:
+    """A real TCP hop in front of a server (e.g. MariaDB) that a test can cut and restore:
+    ``down()`` closes the listening socket and every forwarded connection (clients then get
+    "connection refused"), ``up()`` listens again on the same port."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+
+    def up(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        with self._lock:
+            self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        if listener is not None:
+            with suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for conn in conns:
+            with suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+
+@contextmanager
+def tcp_forwarder(target_host: str, target_port: int) -> Iterator[TcpForwarder]:
+    fwd = TcpForwarder(target_host, target_port)
+    fwd.up()
+    try:
+        yield fwd
+    finally:
+        fwd.down()

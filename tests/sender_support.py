@@ -13,11 +13,12 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, event, func, select, text
 
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import idempotency_records, tasks
@@ -251,10 +252,33 @@ def celery_env(
         CELERY_BROKER_URL=REDIS_URL,
         ORBIT_API_URL=api_url,
         ORBIT_API_TOKEN=token,
-        ORBIT_SENDER_LEASE_SECONDS="6",
-        ORBIT_SENDER_HTTP_TIMEOUT_SECONDS="2",
+        # HTTP bound: the default the lease allows (1.5 s; orbit_tasks/sender/limits.py).
+        ORBIT_SENDER_LEASE_SECONDS="8",
         ORBIT_SENDER_CONCURRENCY="8",
         ORBIT_SENDER_TICK_SECONDS="1",
     )
     env.update(extra)
     return env
+
+
+@contextmanager
+def captured_sql(engine: Engine) -> Iterator[list[tuple[str, Any]]]:
+    """Every statement (driver SQL and parameters) the engine executes inside the block."""
+    seen: list[tuple[str, Any]] = []
+
+    def before(_c: Any, _cur: Any, statement: str, parameters: Any, *_rest: Any) -> None:
+        seen.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+
+
+def explain(engine: Engine, statement: str, parameters: Any) -> list[dict[str, Any]]:
+    """MariaDB's plan of one captured statement, with the parameters it ran with."""
+    with engine.connect() as conn:
+        plan = conn.exec_driver_sql("EXPLAIN " + statement, parameters).mappings().all()
+        conn.rollback()
+    return [dict(row) for row in plan]

@@ -9,16 +9,19 @@ carry SQL parameters).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from fastapi import Depends, FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,6 +33,16 @@ from orbit_tasks.logs import log_action
 log = logging.getLogger("orbit_tasks.api")
 
 JSON = "application/json"
+# /readyz gives up on the database after this long (a hung connection is "not ready" too).
+READY_TIMEOUT_SECONDS = 3.0
+# Error codes of the answers the routing itself gives (unknown path, wrong method, ...).
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
 
 
 # --- documentation models (answers are written as exact bytes, not through these) -------------
@@ -70,10 +83,30 @@ def _err(description: str, *codes: str) -> dict[str, Any]:
     }
 
 
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before retrying",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+_UNAVAILABLE = {
+    **_err("database unavailable or busy; retry after Retry-After seconds", "unavailable"),
+    "headers": _RETRY_AFTER,
+}
+# Every operation: a method this path does not serve is 405 (the Allow header lists those it does).
+_METHOD_ERRORS: dict[int | str, dict[str, Any]] = {
+    405: {
+        **_err("method not allowed on this path", "method_not_allowed"),
+        "headers": {
+            "Allow": {"description": "methods this path serves", "schema": {"type": "string"}}
+        },
+    },
+}
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _err("missing, unknown or revoked bearer token", "unauthenticated"),
+    **_METHOD_ERRORS,
     500: _err("unexpected server error", "internal"),
-    503: _err("database unavailable or busy; retry later", "unavailable"),
+    503: _UNAVAILABLE,
 }
 
 _SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -102,6 +135,10 @@ _SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
         "the Idempotency-Key was already used with another body or queue", "idempotency_conflict"
     ),
     413: _err(f"request body over {MAX_BODY_BYTES} bytes", "too_large"),
+    415: _err(
+        "Content-Type is not application/json (charset, if given, utf-8)",
+        "unsupported_media_type",
+    ),
 }
 
 _SUBMIT_EXTRA: dict[str, Any] = {
@@ -138,8 +175,18 @@ def _without_validation_errors(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _problem(exc: ApiProblem) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return Response(exc.body(), status_code=exc.status, media_type=JSON, headers=headers)
+    return Response(exc.body(), status_code=exc.status, media_type=JSON, headers=exc.headers)
+
+
+def _routing_problem(exc: StarletteHTTPException) -> ApiProblem:
+    """Answers of the router itself (unknown path 404, wrong method 405) in the error shape."""
+    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    messages = {
+        404: "no such path in this API (see /openapi.json)",
+        405: "method not allowed on this path (see the Allow header)",
+    }
+    message = messages.get(exc.status_code, "request refused")
+    return ApiProblem(exc.status_code, code, message, dict(exc.headers or {}))
 
 
 async def _read_body(request: Request) -> bytes:
@@ -185,7 +232,7 @@ class _ContainErrors:
                 log_action(
                     log, "api.db.unavailable", logging.WARNING, error=type(exc.orig).__name__
                 )
-                problem = ApiProblem(503, "unavailable", "database unavailable; retry later")
+                problem = receipts.unavailable()
             else:
                 log_action(log, "api.request.failed", logging.ERROR, error=type(exc).__name__)
                 problem = ApiProblem(500, "internal", "unexpected server error")
@@ -210,13 +257,43 @@ def create_app(engine: Engine) -> FastAPI:
     async def _api_problem(_request: Request, exc: ApiProblem) -> Response:
         return _problem(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_problem(_request: Request, exc: StarletteHTTPException) -> Response:
+        return _problem(_routing_problem(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_problem(_request: Request, _exc: RequestValidationError) -> Response:
+        return _problem(ApiProblem(400, "bad_request", "request does not match the API"))
+
     def _token(auth: HTTPAuthorizationCredentials | None) -> str:
         if auth is None:
             raise receipts.unauthenticated()
         return receipts.bearer_token(f"{auth.scheme} {auth.credentials}")
 
-    @app.get("/healthz", tags=["meta"], summary="Liveness (does not touch the database)")
+    @app.get(
+        "/healthz",
+        tags=["meta"],
+        summary="Liveness: the process serves requests (does not touch the database)",
+        responses=_METHOD_ERRORS,
+    )
     def healthz() -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    @app.get(
+        "/readyz",
+        tags=["meta"],
+        summary="Readiness: the platform database answers (503 with Retry-After while not)",
+        responses={**_METHOD_ERRORS, 503: _UNAVAILABLE},
+    )
+    async def readyz() -> Response:
+        try:
+            await asyncio.wait_for(
+                run_in_threadpool(store.check_ready, engine), READY_TIMEOUT_SECONDS
+            )
+        except (DBAPIError, TimeoutError) as exc:
+            error = type(exc.orig if isinstance(exc, DBAPIError) else exc).__name__
+            log_action(log, "api.ready.failed", logging.WARNING, error=error)
+            return _problem(receipts.unavailable("the platform database is not ready"))
         return JSONResponse({"ok": True})
 
     @app.get(
@@ -248,6 +325,7 @@ def create_app(engine: Engine) -> FastAPI:
         queue: str = Path(description="queue id (32 hex) or name"),
         auth: HTTPAuthorizationCredentials | None = Depends(bearer),
     ) -> Response:
+        receipts.check_content_type(request.headers.get("content-type"))
         raw = await _read_body(request)
         token = _token(auth)
         key = request.headers.get("idempotency-key")

@@ -1,8 +1,9 @@
 """Pure rules of the reference platform API: request validation and acceptance receipts.
 
 No I/O here. The raw request bytes are what the platform stores (decoded as UTF-8, never
-re-serialized); parsing only *checks* them, with ``Decimal`` for every number so that a value
-such as ``12345678901234567890.123456789`` or ``1e400`` is never squeezed through a float.
+re-serialized); parsing only *checks* them, with the one body rule that ``enqueue()`` applies too
+(``orbit_tasks/json_document.py``), so a value such as ``12345678901234567890.123456789`` or
+``1e400`` is never squeezed through a float.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import hashlib
 import json
 import re
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
-MAX_BODY_BYTES = 1024 * 1024  # 1 MiB
+from orbit_tasks import json_document
+
+MAX_BODY_BYTES = json_document.MAX_DOCUMENT_BYTES  # 1 MiB
 MAX_KEY_LENGTH = 128
 IDEMPOTENCY_RETENTION = timedelta(hours=72)
 RECEIPT_FIELDS = ("accepted_at", "idempotency_key", "namespace_id", "queue_id", "task_id")
@@ -25,17 +27,33 @@ _KEY = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 
+# A 503 tells the client when to come back (the sender honours it as the floor of its backoff).
+RETRY_AFTER_SECONDS = 1
+_MEDIA_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_.+-]{1,64}$")
+
+
 class ApiProblem(Exception):
     """An HTTP error answer: status, stable code and a short message (never the body/token)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = dict(headers or {})
+        if status == 401:
+            self.headers.setdefault("WWW-Authenticate", "Bearer")
+        if status == 503:
+            self.headers.setdefault("Retry-After", str(RETRY_AFTER_SECONDS))
 
     def body(self) -> bytes:
         return canonical_json({"error": self.code, "message": self.message}).encode("utf-8")
+
+
+def unavailable(message: str = "database unavailable; retry later") -> ApiProblem:
+    return ApiProblem(503, "unavailable", message)
 
 
 def unauthenticated() -> ApiProblem:
@@ -90,6 +108,28 @@ def validate_idempotency_key(key: str | None) -> str:
     return key
 
 
+def check_content_type(value: str | None) -> None:
+    """A body must be declared ``application/json`` (charset, if given, ``utf-8``); else 415."""
+    media, _, params = (value or "").partition(";")
+    media = media.strip()
+    allowed = "allowed: application/json with UTF-8"
+    if media.lower() != "application/json":
+        shown = repr(media) if _MEDIA_TYPE.match(media) else "missing or unreadable"
+        raise ApiProblem(
+            415, "unsupported_media_type", f"Content-Type {shown} is not supported ({allowed})"
+        )
+    for param in params.split(";"):
+        name, _, raw = param.partition("=")
+        if name.strip().lower() != "charset":
+            continue
+        charset = raw.strip().strip('"').lower()
+        if charset not in ("utf-8", "utf8"):
+            shown = repr(charset) if _MEDIA_TYPE.match(f"x/{charset}") else "unreadable"
+            raise ApiProblem(
+                415, "unsupported_media_type", f"charset {shown} is not supported ({allowed})"
+            )
+
+
 def content_length(value: str | None) -> int | None:
     """The declared ``Content-Length`` (413 early when it is over the limit)."""
     if value is None:
@@ -107,74 +147,21 @@ def content_length(value: str | None) -> int | None:
 
 # --- body ----------------------------------------------------------------------------------------
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError("duplicate object key")
-        obj[key] = value
-    return obj
-
-
-def parse_exact(text: str) -> Any:
-    """Parse JSON text with exact numbers (``Decimal``); refuses NaN/Infinity and duplicate keys.
-
-    Raises ``ValueError`` (including ``json.JSONDecodeError``) or ``RecursionError``."""
-    return json.loads(
-        text,
-        parse_float=Decimal,
-        parse_int=Decimal,
-        parse_constant=_no_constant,
-        object_pairs_hook=_object_without_duplicates,
-    )
+# The parser of the one body rule (orbit_tasks/json_document.py), shared with enqueue().
+parse_exact = json_document.parse_exact
 
 
 def validate_body(raw: bytes) -> str:
-    """Check the raw request bytes and return the text to store (the bytes decoded as UTF-8).
-
-    413 over 1 MiB; 400 ``bad_json`` for invalid UTF-8, invalid JSON, duplicate keys or a value
-    that is not a JSON object."""
-    if len(raw) > MAX_BODY_BYTES:
-        raise too_large(len(raw))
+    """Check the raw request bytes with the one body rule shared with ``enqueue()``
+    (:func:`orbit_tasks.json_document.check_document`) and return the text to store (the bytes
+    decoded as UTF-8). 413 ``too_large`` over 1 MiB; 400 ``bad_json`` for everything else."""
     try:
-        text = raw.decode("utf-8", errors="strict")
-    except UnicodeDecodeError as exc:
-        raise ApiProblem(
-            400, "bad_json", f"request body is not valid UTF-8 (byte offset {exc.start})"
-        ) from None
-    try:
-        value = parse_exact(text)
-    except json.JSONDecodeError as exc:
-        raise ApiProblem(
-            400, "bad_json", f"request body is not valid JSON ({exc.msg} at char {exc.pos})"
-        ) from None
-    except RecursionError:
-        raise ApiProblem(400, "bad_json", "request body is nested too deeply") from None
-    except ValueError as exc:
-        # Our own hooks: duplicate keys, NaN/Infinity. Their messages hold no body content.
-        raise ApiProblem(400, "bad_json", f"request body is not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ApiProblem(
-            400, "bad_json", f"request body must be a JSON object, not {_json_type(value)}"
-        )
+        text, _doc = json_document.check_document(raw, subject="request body")
+    except json_document.DocumentProblem as exc:
+        if exc.code == "too_large":
+            raise too_large(len(raw)) from None
+        raise ApiProblem(400, "bad_json", exc.message) from None
     return text
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return "a number"
 
 
 def request_sha256(raw: bytes) -> str:

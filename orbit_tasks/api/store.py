@@ -226,7 +226,7 @@ def submit_task(
             request_bytes=len(raw),
         )
         return outcome
-    raise ApiProblem(503, "unavailable", "the platform database is busy; retry later")
+    raise receipts.unavailable("the platform database is busy; retry later")
 
 
 def credential_identity(engine: Engine, token: str) -> dict[str, object]:
@@ -235,3 +235,10 @@ def credential_identity(engine: Engine, token: str) -> dict[str, object]:
         doc = identity_document(conn, authenticate(conn, token))
         conn.rollback()
     return doc
+
+
+def check_ready(engine: Engine) -> None:
+    """Readiness (``/readyz``): a connection and one read of the namespaces table."""
+    with engine.connect() as conn:
+        conn.execute(select(namespaces.c.id).limit(1)).first()
+        conn.rollback()

@@ -8,14 +8,25 @@ from typing import Any
 
 import click
 
-from orbit_tasks.cli.common import emit, emit_table, json_option
+from orbit_tasks.cli.common import emit, emit_list, json_option
 from orbit_tasks.cli.db import sender_db_group
-from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy
 from orbit_tasks.sender import store as sender_store
+from orbit_tasks.sender.names import resolve_namespace_id
+from orbit_tasks.settings import get_settings
+
+LIST_COLUMNS = [
+    "namespace_id",
+    "operation_id",
+    "state",
+    "last_code",
+    "send_count",
+    "wake_at",
+    "task_id",
+]
 
 logger = logging.getLogger("orbit.sender")
 
@@ -32,6 +43,11 @@ def _hex(value: str, what: str) -> str:
     if not policy.is_hex32(value):
         raise InvalidInput(f"{what} {value!r} must be 32 lowercase hexadecimal characters")
     return value
+
+
+def _namespace(ref: str) -> str:
+    """NS as a name or a 32-hex id (orbit_tasks/sender/names.py, docs/sender.md)."""
+    return resolve_namespace_id(ref, get_settings())
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
@@ -53,37 +69,38 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     default=None,
     help="Only rows in this state.",
 )
-@click.option("--namespace", "namespace_id", default=None, help="Only this namespace (32 hex).")
+@click.option("--namespace", "namespace", default=None, help="Only this namespace (name or id).")
 @click.option(
     "--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="Max rows."
 )
-@click.option("--after", default=None, help="Cursor NS:OP from the previous page.")
+@click.option("--after", default=None, help="Cursor NS:OP from the previous page ('next').")
 @json_option
 def sender_list(
-    state: str | None, namespace_id: str | None, limit: int, after: str | None, as_json: bool
+    state: str | None, namespace: str | None, limit: int, after: str | None, as_json: bool
 ) -> None:
-    """List outbox rows (optionally one state), oldest identity first."""
-    ns = None if namespace_id is None else _hex(namespace_id, "--namespace")
+    """List outbox rows in (namespace, operation) order, a page at a time.
+
+    With --json: {"items": [...], "next": cursor-or-null}; pass "next" to --after for the next
+    page."""
     cursor = None
     if after is not None:
         parts = after.split(":")
         if len(parts) != 2:
             raise InvalidInput(f"--after {after!r} must be NS:OP (two 32-hex ids)")
         cursor = (_hex(parts[0], "--after namespace"), _hex(parts[1], "--after operation"))
+    ns = None if namespace is None else _namespace(namespace)
     with business_engine().connect() as conn:
-        rows = [
-            _plain(r)
-            for r in sender_store.list_rows(
-                conn, state=state, namespace_id=ns, limit=limit, after=cursor
-            )
-        ]
+        found = sender_store.list_rows(
+            conn, state=state, namespace_id=ns, limit=limit + 1, after=cursor
+        )
+    page = [_plain(r) for r in found[:limit]]
+    more = len(found) > limit
+    next_cursor = f"{page[-1]['namespace_id']}:{page[-1]['operation_id']}" if more else None
     if as_json:
-        emit(rows, True)
+        emit_list(page, True, LIST_COLUMNS, next_cursor=next_cursor)
         return
-    emit_table(
-        [{k: ("-" if v is None else v) for k, v in r.items()} for r in rows],
-        ["namespace_id", "operation_id", "state", "last_code", "send_count", "wake_at", "task_id"],
-    )
+    shown = [{k: ("-" if v is None else v) for k, v in r.items()} for r in page]
+    emit_list(shown, False, LIST_COLUMNS, next_cursor=next_cursor)
 
 
 def _load(conn: Any, ns: str, op: str) -> Any:
@@ -94,12 +111,15 @@ def _load(conn: Any, ns: str, op: str) -> Any:
 
 
 @sender_group.command("show")
-@click.argument("ns")
-@click.argument("op")
+@click.argument("ns", metavar="NS")
+@click.argument("op", metavar="OP")
 @json_option
 def sender_show(ns: str, op: str, as_json: bool) -> None:
-    """Show one outbox row (without the request body; see its size and digest)."""
-    ns, op = _hex(ns, "NS"), _hex(op, "OP")
+    """Show one outbox row (without the request body; see its size and digest).
+
+    NS is a namespace name or 32-hex id; OP the 32-hex operation id."""
+    op = _hex(op, "OP")
+    ns = _namespace(ns)
     with business_engine().connect() as conn:
         row = _load(conn, ns, op)
         job = sender_store.get_job(conn, ns, op)
@@ -117,16 +137,17 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
 
 
 @sender_group.command("requeue")
-@click.argument("ns")
-@click.argument("op")
+@click.argument("ns", metavar="NS")
+@click.argument("op", metavar="OP")
 @json_option
 def sender_requeue(ns: str, op: str, as_json: bool) -> None:
     """Put a REVIEW row back to PENDING (same key and body). Refused past its deadline or at
-    100 sends (exit 3)."""
-    ns, op = _hex(ns, "NS"), _hex(op, "OP")
+    100 sends (exit 3). NS is a namespace name or 32-hex id; OP the 32-hex operation id."""
+    op = _hex(op, "OP")
+    ns = _namespace(ns)
     with business_engine().begin() as conn:
         row = _load(conn, ns, op)
-        now = db_now(conn)
+        now = sender_store.database_clock(conn)
         why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
         if why:
             raise IllegalState(f"cannot requeue {ns}/{op}: {why}")

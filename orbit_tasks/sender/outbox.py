@@ -18,13 +18,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from orbit_tasks import json_document
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.errors import ConflictError, InvalidInput
 from orbit_tasks.sender import policy, store
 
-MAX_REQUEST_BYTES = 1024 * 1024  # the platform's limit (413 above it)
+MAX_REQUEST_BYTES = json_document.MAX_DOCUMENT_BYTES  # the platform's limit (413 above it)
 MAX_SOURCE_REF_CHARS = 512
-MAX_DEPTH = policy.MAX_JSON_DEPTH
+MAX_DEPTH = json_document.MAX_DEPTH
 CREDENTIAL_KEYS = frozenset({"authorization", "password", "secret", "token", "api_key"})
 # URL userinfo (``scheme://user:pw@`` or scheme-relative ``//user:pw@``), and URL parameters that
 # carry a credential (``?token=...``, ``#access_token=...``).
@@ -65,48 +66,15 @@ def _check_hex(value: object, what: str) -> str:
     return value
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise InvalidRequest(f"request has the key {key!r} twice in one object")
-        out[key] = value
-    return out
-
-
-def _parse_text(text: str) -> Any:
+def _checked(text: str) -> Any:
+    """The one body rule shared with the platform API (orbit_tasks/json_document.py)."""
     try:
-        return json.loads(
-            text,
-            parse_float=Decimal,
-            parse_constant=policy._no_constants,
-            object_pairs_hook=_refuse_duplicates,
-        )
-    except InvalidRequest:
-        raise
-    except RecursionError:
-        raise InvalidRequest(_too_deep()) from None
-    except ValueError as exc:
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "invalid JSON"
-        raise InvalidRequest(
-            f"request is not valid JSON ({msg}); a JSON object is required"
-        ) from None
-
-
-def _too_deep() -> str:
-    return f"request is nested too deeply; the limit is {MAX_DEPTH} levels of objects/arrays"
-
-
-def _check_storable(doc: Any) -> None:
-    """What the parser accepts but JSON_VALID (the CHECK of the seed) refuses."""
-    problem = policy.json_storage_problem(doc)
-    if problem == "depth":
-        raise InvalidRequest(_too_deep())
-    if problem == "surrogate":
-        raise InvalidRequest(
-            "request has a string with a lone surrogate (an unpaired \\ud800-\\udfff "
-            "escape); it is not valid UTF-8 nor storable JSON"
-        )
+        return json_document.check_document(text, subject="request")[1]
+    except json_document.DocumentProblem as exc:
+        if exc.code == "duplicate_key":
+            # A local error for the application's developer: naming the key is fine here.
+            raise InvalidRequest(f"request has the key {exc.key!r} twice in one object") from None
+        raise InvalidRequest(exc.message) from None
 
 
 def _encode(value: Any, path: str) -> str:
@@ -157,25 +125,12 @@ def freeze_request(request: str | dict[str, Any]) -> str:
         try:
             text = _encode(request, "$")
         except RecursionError:
-            raise InvalidRequest(_too_deep()) from None
+            raise InvalidRequest(json_document.too_deep_message("request")) from None
     else:
         raise InvalidRequest(
             f"request has type {type(request).__name__}; pass a dict or the JSON object as str"
         )
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidRequest("request contains a lone surrogate; it is not valid UTF-8") from None
-    if size > MAX_REQUEST_BYTES:
-        raise InvalidRequest(
-            f"request is {size} bytes; the limit is {MAX_REQUEST_BYTES} bytes (1 MiB)"
-        )
-    doc = _parse_text(text)
-    if not isinstance(doc, dict):
-        raise InvalidRequest(
-            f"request is a JSON {type(doc).__name__}, not an object; a JSON object is required"
-        )
-    _check_storable(doc)
+    doc = _checked(text)
     for key in doc:
         if key.lower().replace("-", "_") in CREDENTIAL_KEYS:
             raise InvalidRequest(

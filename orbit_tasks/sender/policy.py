@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal, Protocol
 
+from orbit_tasks import json_document
+
 # --- codes -------------------------------------------------------------------------------------
 
 NEW = "NEW"
@@ -71,8 +73,6 @@ LAST_SEND_MARGIN = dt.timedelta(seconds=1)
 LAST_TRY_MARGIN = 2 * LAST_SEND_MARGIN
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
-# MariaDB's JSON_VALID (ck_sender_document, ck_sender_receipt) refuses deeper documents.
-MAX_JSON_DEPTH = 31
 
 
 def is_hex32(value: object) -> bool:
@@ -160,29 +160,6 @@ def parse_json_exact(text: str) -> Any:
     return json.loads(text, parse_float=Decimal, parse_constant=_no_constants)
 
 
-def json_storage_problem(doc: Any) -> Literal["depth", "surrogate"] | None:
-    """What Python's parser accepts but the seed's ``JSON_VALID`` CHECKs refuse: nesting deeper
-    than :data:`MAX_JSON_DEPTH` objects/arrays, or a string (key or value) with a lone surrogate
-    (an escaped ``\\ud800``; not UTF-8 either). None when ``doc`` can be stored."""
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_JSON_DEPTH:
-                return "depth"
-            items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
-            for key, item in items:
-                if key is not None:
-                    stack.append((key, depth))
-                stack.append((item, depth + 1))
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return "surrogate"
-    return None
-
-
 def _error_code(body: bytes) -> str:
     """The ``error`` field of a JSON error body, or "" (never stored, only compared)."""
     try:
@@ -198,12 +175,10 @@ def valid_receipt(
 ) -> tuple[str, str] | None:
     """(task_id, receipt text) when ``body`` is a receipt for exactly this submission."""
     try:
-        text = body.decode("utf-8")
-        doc = parse_json_exact(text)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        # The one document rule (also what ck_sender_receipt can store): never written otherwise.
+        text, doc = json_document.check_document(body, subject="receipt")
+    except json_document.DocumentProblem:
         return None
-    if not isinstance(doc, dict) or json_storage_problem(doc) is not None:
-        return None  # not a receipt ck_sender_receipt can store: never written as one
     if not isinstance(doc.get("accepted_at"), str):
         return None
     task_id = doc.get("task_id")

@@ -1,27 +1,36 @@
-"""One relay pass (SPEC §8): identity, deadline sweep, claim due rows in small batches, send them
+"""One relay pass (SPEC §8): identity, deadline sweep, claim due rows page by page, send them
 concurrently, write fenced outcomes. A stale sender's result is dropped and logged.
+
+Shape of a pass (docs/sender.md "Relay"): sending threads only talk HTTP; the pass's own thread
+holds one database connection and, in ONE transaction per step, writes the outcomes of the sends
+that finished and claims the next page (one compare-and-set statement per queue page). Each row
+keeps its own fence; only the commits are shared. Time is read through two seams: ``clock``
+(the database clock, for every lease and deadline decision) and ``monotonic`` (elapsed time
+within the pass), so that tests can run the relay at exact boundaries without sleeping.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.faults import is_lock_conflict
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
+from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassStats, Sent
+
+__all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
 logger = logging.getLogger("orbit.sender")
 
@@ -30,50 +39,30 @@ SWEEP_LIMIT = 500
 # credential can claim), so once per interval per process is enough and keeps big backlogs cheap.
 SWEEP_INTERVAL_SECONDS = 30.0
 QUEUE_SCAN_SECONDS = 10.0  # how often the namespace's queues with outbox rows are re-read
+DEFAULT_CLAIM_SECONDS = 20.0
+PAGE_PER_THREAD = 2
+WINDOW_PER_THREAD = 4
 T = TypeVar("T")
-Clock = Callable[[Connection], dt.datetime]
+Clock = store.Clock
+Monotonic = Callable[[], float]
+LogEntry = tuple[str, int, dict[str, Any]]
 
 
-@dataclass
-class PassStats:
-    claimed: int = 0
-    guarded: int = 0  # due rows moved to REVIEW by the claim guards
-    swept: int = 0  # rows moved to REVIEW DEADLINE_EXCEEDED by the sweep
-    results: dict[str, int] = field(default_factory=dict)
-    identity_error: bool = False
-    more: bool = False  # stopped by the pass budget with due rows left
-
-    def add(self, result: str) -> None:
-        self.results[result] = self.results.get(result, 0) + 1
-
-    def as_fields(self) -> dict[str, Any]:
-        return {
-            "claimed": self.claimed,
-            "guarded": self.guarded,
-            "swept": self.swept,
-            "identity_error": self.identity_error,
-            "more": self.more,
-            **{f"n_{k}": v for k, v in sorted(self.results.items())},
-        }
+def _fields(row: store.Claimed) -> dict[str, Any]:
+    return dict(
+        namespace_id=row.namespace_id,
+        operation_id=row.operation_id,
+        queue_id=row.queue_id,
+        epoch=row.lease_epoch,
+        send_count=row.send_count,
+    )
 
 
-@dataclass(frozen=True)
-class Owned:
-    row: store.Claimed
-    mono: float  # time.monotonic() just before the claim's database clock was read
-
-
-def _with_db_retry(engine: Engine, fn: Callable[[Connection], T], attempts: int = 3) -> T:
-    """Run ``fn`` in one transaction; retry a deadlock / lock wait timeout a few times."""
-    for attempt in range(attempts):
-        try:
-            with engine.begin() as conn:
-                return fn(conn)
-        except OperationalError as exc:
-            if not is_lock_conflict(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(0.01 * (attempt + 1))
-    raise AssertionError("unreachable")
+def _flush(entries: list[LogEntry]) -> None:
+    """Log what a transaction did, once it committed."""
+    for action, level, fields in entries:
+        if logger.isEnabledFor(level):
+            log_action(logger, action, level, **fields)
 
 
 class Relay:
@@ -84,11 +73,12 @@ class Relay:
         engine: Engine,
         client: PlatformClient,
         *,
-        lease_seconds: int,
+        lease_seconds: float,
         timeout_seconds: float,
         concurrency: int,
         rng: policy.RandomSource | None = None,
-        clock: Clock = db_now,
+        clock: Clock = store.database_clock,
+        monotonic: Monotonic = time.monotonic,
     ) -> None:
         self.engine = engine
         self.client = client
@@ -97,110 +87,135 @@ class Relay:
         self.concurrency = max(1, concurrency)
         self.rng = rng or random.SystemRandom()
         self.clock = clock
+        self.monotonic = monotonic
         self._queue_offset = 0
         self._ns_queues: dict[str, tuple[float, frozenset[str]]] = {}
         self._last_sweep: float | None = None
 
+    # --- transactions --------------------------------------------------------------------------
+
+    def _in_transaction(
+        self, conn: Connection, fn: Callable[[Connection, bool], T], attempts: int = 3
+    ) -> T:
+        """Run ``fn(conn, batched)`` in one transaction on ``conn``; retry a deadlock / lock wait
+        timeout a few times, and a raced page statement once with single-row statements."""
+        batched = True
+        for attempt in range(attempts):
+            try:
+                with conn.begin():
+                    return fn(conn, batched)
+            except BatchRaced:
+                batched = False
+            except OperationalError as exc:
+                if not is_lock_conflict(exc) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        with conn.begin():
+            return fn(conn, False)
+
+    def _transaction(self, fn: Callable[[Connection, bool], T]) -> T:
+        with self.engine.connect() as conn:
+            return self._in_transaction(conn, fn)
+
     # --- claiming ------------------------------------------------------------------------------
 
     def sweep(self) -> int:
-        def run(conn: Connection) -> int:
-            return store.sweep_deadlines(conn, self.clock(conn), SWEEP_LIMIT)
-
-        moved = _with_db_retry(self.engine, run)
+        moved = self._transaction(
+            lambda conn, _b: store.sweep_deadlines(conn, self.clock(conn), SWEEP_LIMIT)
+        )
         if moved:
             log_action(logger, "sender.sweep.deadline_exceeded", rows=moved)
         return moved
 
-    def _claim_queues(self, identity: Identity) -> list[str]:
+    def _claim_queues(self, conn: Connection, identity: Identity) -> list[str]:
         """The allowed queues plus every queue of the namespace that has outbox rows (the
         latter re-read at most every QUEUE_SCAN_SECONDS)."""
         cached = self._ns_queues.get(identity.namespace_id)
-        if cached is None or time.monotonic() - cached[0] >= QUEUE_SCAN_SECONDS:
-            found = _with_db_retry(
-                self.engine, lambda c: store.namespace_queues(c, identity.namespace_id)
-            )
-            cached = (time.monotonic(), frozenset(found))
+        if cached is None or self.monotonic() - cached[0] >= QUEUE_SCAN_SECONDS:
+            found = store.namespace_queues(conn, identity.namespace_id)
+            cached = (self.monotonic(), frozenset(found))
             self._ns_queues[identity.namespace_id] = cached
         return sorted(identity.queue_ids | cached[1])
 
-    def claim_batch(self, identity: Identity, limit: int) -> tuple[list[Owned], int, int]:
-        """Claim up to ``limit`` due rows of the identity's namespace in one transaction.
-        Returns (claimed rows, due rows seen, rows moved to REVIEW by the guards).
+    def _claim(
+        self,
+        conn: Connection,
+        identity: Identity,
+        limit: int,
+        now: dt.datetime,
+        mono: float,
+        batched: bool,
+        log: list[LogEntry],
+    ) -> tuple[list[Owned], int, int]:
+        """Claim up to ``limit`` due rows of the identity's namespace (inside the caller's
+        transaction). Returns (claimed rows, due rows seen, rows moved to REVIEW by the guards).
 
         Rows of queues the credential does not allow are claimed too: the check before sending
         moves them to REVIEW ``QUEUE_FORBIDDEN`` (SPEC §8 step 3) instead of letting them wait
         silently for their deadline."""
-        queues = self._claim_queues(identity)
+        queues = self._claim_queues(conn, identity)
         if not queues or limit <= 0:
             return [], 0, 0
         start = self._queue_offset % len(queues)
         self._queue_offset += 1
-        order = queues[start:] + queues[:start]
+        claimed: list[store.Claimed] = []
+        seen = guarded = 0
+        for queue in queues[start:] + queues[:start]:
+            if len(claimed) >= limit:
+                break
+            ready: list[store.Candidate] = []
+            for cand in store.due_candidates(
+                conn, identity.namespace_id, queue, now, limit - len(claimed)
+            ):
+                seen += 1
+                code = policy.claim_guard(now, cand.send_count, cand.send_deadline_at)
+                if code is None:
+                    ready.append(cand)
+                elif store.guard_to_review(conn, cand, code, now):
+                    guarded += 1
+                    fields = dict(
+                        namespace_id=cand.namespace_id,
+                        operation_id=cand.operation_id,
+                        code=code,
+                        send_count=cand.send_count,
+                    )
+                    log.append(("sender.row.review", logging.INFO, fields))
+            if batched:
+                if not store.claim_many(conn, ready, now, self.lease_seconds):
+                    raise BatchRaced()
+            else:
+                ready = [c for c in ready if store.claim(conn, c, now, self.lease_seconds)]
+            claimed += [store.claimed_row(c, now, self.lease_seconds) for c in ready]
+        return [Owned(r, mono) for r in claimed], seen, guarded
 
-        def run(conn: Connection) -> tuple[list[Owned], int, int]:
-            # Taken before the clock is read: the time since ``mono`` is never less than the
-            # time since ``now`` (the deadline/lease checks before the POST rely on it).
-            mono = time.monotonic()
-            now = self.clock(conn)
-            claims: list[tuple[store.Candidate, int]] = []
-            seen = guarded = 0
-            for queue in order:
-                if len(claims) >= limit:
-                    break
-                for cand in store.due_candidates(
-                    conn, identity.namespace_id, queue, now, limit - len(claims)
-                ):
-                    seen += 1
-                    code = policy.claim_guard(now, cand.send_count, cand.send_deadline_at)
-                    if code is not None:
-                        if store.guard_to_review(conn, cand, code, now):
-                            guarded += 1
-                            log_action(
-                                logger,
-                                "sender.row.review",
-                                namespace_id=cand.namespace_id,
-                                operation_id=cand.operation_id,
-                                code=code,
-                                send_count=cand.send_count,
-                            )
-                    elif store.claim(conn, cand, now, self.lease_seconds):
-                        claims.append((cand, cand.lease_epoch + 1))
-            rows = store.load_claimed(conn, claims, now, self.lease_seconds) if claims else []
-            return [Owned(r, mono) for r in rows], seen, guarded
+    def claim_batch(self, identity: Identity, limit: int) -> tuple[list[Owned], int, int]:
+        """Claim up to ``limit`` due rows in one transaction of its own (see :meth:`_claim`)."""
+        log: list[LogEntry] = []
 
-        return _with_db_retry(self.engine, run)
+        def run(conn: Connection, batched: bool) -> tuple[list[Owned], int, int]:
+            log.clear()
+            # Read before the clock: the time since ``mono`` is never less than the time since
+            # ``now`` (the deadline and lease checks before the POST rely on it).
+            mono = self.monotonic()
+            return self._claim(conn, identity, limit, self.clock(conn), mono, batched, log)
 
-    # --- one row -------------------------------------------------------------------------------
+        got = self._transaction(run)
+        _flush(log)
+        return got
 
-    def _write(self, owned: Owned, fn: Callable[[Connection, dt.datetime], bool]) -> bool:
-        return _with_db_retry(self.engine, lambda conn: fn(conn, self.clock(conn)))
+    # --- one row: checks and the HTTP exchange (sending threads) -------------------------------
 
-    def process(self, owned: Owned) -> str:
-        """Check, send and record one claimed row. Returns a result label for the stats."""
+    def send(self, owned: Owned, pass_end: float = math.inf) -> Sent:
+        """Check one claimed row and POST it, unless the exchange could not end by ``pass_end``
+        (monotonic seam) or the checks say no. Never touches the database."""
         row = owned.row
-        fields: dict[str, Any] = dict(
-            namespace_id=row.namespace_id,
-            operation_id=row.operation_id,
-            queue_id=row.queue_id,
-            epoch=row.lease_epoch,
-            send_count=row.send_count,
-        )
-        try:
-            return self._process(owned, fields)
-        except Exception as exc:  # noqa: BLE001 - one bad row must not stop the pass
-            log_action(
-                logger, "sender.row.error", logging.ERROR, error=type(exc).__name__, **fields
-            )
-            return "error"
-
-    def _process(self, owned: Owned, fields: dict[str, Any]) -> str:
-        row = owned.row
+        need = self.timeout_seconds * (1 if self.client.identity_is_fresh() else 2)
+        if self.monotonic() + need > pass_end:
+            return Sent(owned, "release", reason="pass_end")
         try:
             identity = self.client.identity()
         except IdentityUnavailable:
-            self._write(owned, lambda c, now: store.release(c, row, now))
-            return "released"
+            return Sent(owned, "release", reason="identity_unavailable")
         check = policy.presend_check(
             stored_digest=row.request_digest,
             request_json=row.request_json,
@@ -213,132 +228,258 @@ class Relay:
         )
         if check == "":
             # The credential now belongs to another namespace: never send this row with it.
-            self._write(owned, lambda c, now: store.release(c, row, now))
-            log_action(logger, "sender.row.released", reason="other_namespace", **fields)
-            return "released"
+            return Sent(owned, "release", reason="other_namespace")
         if check is not None:
-            return self._review(owned, check, fields)
-        elapsed = dt.timedelta(seconds=time.monotonic() - owned.mono)
+            return Sent(owned, "review", code=check)
+        elapsed = dt.timedelta(seconds=self.monotonic() - owned.mono)
         if policy.too_late_to_send(row.claimed_at + elapsed, row.send_deadline_at):
-            return self._review(owned, policy.DEADLINE_EXCEEDED, fields)
+            return Sent(owned, "review", code=policy.DEADLINE_EXCEEDED)
         if row.claimed_at + elapsed + dt.timedelta(seconds=self.timeout_seconds) >= row.lease_until:
             # Too little lease left for one bounded send: give it back unsent.
-            self._write(owned, lambda c, now: store.release(c, row, now))
-            log_action(logger, "sender.row.released", reason="lease_short", **fields)
-            return "released"
-
+            return Sent(owned, "release", reason="lease_short")
         result = self.client.submit(
             row.namespace_id, row.queue_id, row.idempotency_key, row.request_json.encode("utf-8")
         )
-
-        def record(conn: Connection, now: dt.datetime) -> tuple[bool, policy.Outcome]:
-            if result.status is None:
-                assert result.transport is not None
-                outcome = policy.classify_transport(result.transport)
-            else:
-                outcome = policy.classify_response(
-                    result.status,
-                    result.body,
-                    namespace_id=row.namespace_id,
-                    queue_id=row.queue_id,
-                    key=row.idempotency_key,
-                    retry_after=policy.parse_retry_after(result.retry_after, now),
-                )
-            if outcome.kind == "accepted":
-                assert outcome.task_id is not None and outcome.receipt_json is not None
-                ok = store.write_accepted(conn, row, outcome.task_id, outcome.receipt_json, now)
-                return ok, outcome
-            if outcome.kind == "retry":
-                wake, final = policy.after_retryable(
-                    now, row.send_deadline_at, row.send_count, self.rng, outcome.retry_after
-                )
-                if wake is not None:
-                    return store.write_retry(conn, row, outcome.code, wake, now), outcome
-                assert final is not None
-                outcome = policy.Outcome("review", final)
-            return store.write_review(conn, row, outcome.code, now), outcome
-
-        written, outcome = _with_db_retry(self.engine, lambda c: record(c, self.clock(c)))
         if result.status in (401, 403):
             self.client.invalidate_identity()
-        if not written:
-            log_action(
-                logger,
-                "sender.outcome.stale",
-                logging.WARNING,
-                code=outcome.code,
-                status=result.status,
-                **fields,
-            )
-            return "stale"
-        extra: dict[str, Any] = {"code": outcome.code, "status": result.status}
-        if outcome.kind == "accepted":
-            extra["task_id"] = outcome.task_id
-        log_action(logger, f"sender.row.{outcome.kind}", **extra, **fields)
-        return outcome.kind
+        return Sent(owned, "sent", result=result)
 
-    def _review(self, owned: Owned, code: str, fields: dict[str, Any]) -> str:
-        if self._write(owned, lambda c, now: store.write_review(c, owned.row, code, now)):
-            log_action(logger, "sender.row.review", code=code, **fields)
-            return "review"
-        log_action(logger, "sender.outcome.stale", logging.WARNING, code=code, **fields)
+    # --- one row: the fenced outcome write (the pass's thread) ---------------------------------
+
+    @staticmethod
+    def _classify(sent: Sent, now: dt.datetime) -> policy.Outcome:
+        """The outcome of one HTTP result (SPEC §8 step 4)."""
+        row, result = sent.owned.row, sent.result
+        assert result is not None
+        if result.status is None:
+            assert result.transport is not None
+            return policy.classify_transport(result.transport)
+        return policy.classify_response(
+            result.status,
+            result.body,
+            namespace_id=row.namespace_id,
+            queue_id=row.queue_id,
+            key=row.idempotency_key,
+            retry_after=policy.parse_retry_after(result.retry_after, now),
+        )
+
+    def _write_outcome(
+        self, conn: Connection, sent: Sent, now: dt.datetime, fields: dict[str, Any]
+    ) -> tuple[str, str, bool]:
+        """Classify one HTTP result and write it: (code, kind, written)."""
+        row = sent.owned.row
+        outcome = self._classify(sent, now)
+        if outcome.kind == "accepted":
+            assert outcome.task_id is not None and outcome.receipt_json is not None
+            fields["task_id"] = outcome.task_id
+            written = store.write_accepted(conn, row, outcome.task_id, outcome.receipt_json, now)
+            return outcome.code, "accepted", written
+        code = outcome.code
+        if outcome.kind == "retry":
+            wake, final = policy.after_retryable(
+                now, row.send_deadline_at, row.send_count, self.rng, outcome.retry_after
+            )
+            if wake is not None:
+                return code, "retry", store.write_retry(conn, row, code, wake, now)
+            assert final is not None
+            code = final
+        return code, "review", store.write_review(conn, row, code, now)
+
+    def record(self, conn: Connection, sent: Sent, now: dt.datetime, log: list[LogEntry]) -> str:
+        """Write what happened to one row, fenced by its epoch; returns the stats label."""
+        row = sent.owned.row
+        fields = _fields(row)
+        status = None if sent.result is None else sent.result.status
+        if sent.action == "error":
+            return "error"  # nothing to write: the row is taken over after its lease
+        if sent.action == "release":
+            if store.release(conn, row, now):
+                entry = {"reason": sent.reason, **fields}
+                log.append(("sender.row.released", logging.INFO, entry))
+                return "released"
+            code = ""
+        else:
+            if sent.action == "review":
+                code, kind = sent.code, "review"
+                written = store.write_review(conn, row, code, now)
+            else:
+                code, kind, written = self._write_outcome(conn, sent, now, fields)
+            if written:
+                extra: dict[str, Any] = {"code": code}
+                if sent.result is not None:
+                    extra["status"] = status
+                log.append((f"sender.row.{kind}", logging.INFO, {**extra, **fields}))
+                return kind
+        log.append(
+            ("sender.outcome.stale", logging.WARNING, {"code": code, "status": status, **fields})
+        )
         return "stale"
+
+    def record_all(
+        self,
+        conn: Connection,
+        sents: list[Sent],
+        now: dt.datetime,
+        batched: bool,
+        log: list[LogEntry],
+    ) -> list[str]:
+        """:meth:`record` for several rows; with ``batched`` the accepted ones of a namespace
+        share two statements (raises :class:`BatchRaced` when one of them was stale)."""
+        labels: list[str] = []
+        accepted: dict[str, list[tuple[Sent, policy.Outcome]]] = {}
+        for sent in sents:
+            if batched and sent.action == "sent":
+                outcome = self._classify(sent, now)
+                if outcome.kind == "accepted":
+                    accepted.setdefault(sent.owned.row.namespace_id, []).append((sent, outcome))
+                    continue
+            labels.append(self.record(conn, sent, now, log))
+        for group in accepted.values():
+            items = [(s.owned.row, str(oc.task_id), str(oc.receipt_json)) for s, oc in group]
+            if not store.write_accepted_many(conn, items, now):
+                raise BatchRaced()
+            for sent, outcome in group:
+                assert sent.result is not None
+                fields = dict(code=outcome.code, status=sent.result.status, task_id=outcome.task_id)
+                log.append(
+                    ("sender.row.accepted", logging.INFO, {**fields, **_fields(sent.owned.row)})
+                )
+                labels.append("accepted")
+        return labels
+
+    def process(self, owned: Owned) -> str:
+        """Check, send and record one claimed row on its own. Returns the stats label."""
+        try:
+            sent = self.send(owned)
+            log: list[LogEntry] = []
+
+            def run(conn: Connection, _batched: bool) -> str:
+                log.clear()
+                return self.record(conn, sent, self.clock(conn), log)
+
+            label = self._transaction(run)
+            _flush(log)
+            return label
+        except Exception as exc:  # noqa: BLE001 - one bad row must not stop the pass
+            self._row_error(owned, exc)
+            return "error"
+
+    def _row_error(self, owned: Owned, exc: BaseException) -> None:
+        error = type(exc).__name__
+        log_action(logger, "sender.row.error", logging.ERROR, error=error, **_fields(owned.row))
 
     # --- the pass ------------------------------------------------------------------------------
 
-    def run_pass(self, *, max_claims: int = 1000, budget_seconds: float = 20.0) -> PassStats:
-        """Claim and send due rows until none are due, ``max_claims`` were claimed or the time
-        budget is spent; then wait for the rows in flight."""
+    def run_pass(self, *, max_claims: int = 1000, budget_seconds: float | None = None) -> PassStats:
+        """Claim and send due rows until none are due, ``max_claims`` were claimed or the claim
+        budget is spent; then finish the rows in flight. No HTTP exchange runs later than
+        ``budget + 2 * timeout`` after the start (a row that would is released unsent), so a pass
+        ends on its own within the limits of orbit_tasks/sender/limits.py."""
         stats = PassStats()
+        start = self.monotonic()
+        claim_end = start + (DEFAULT_CLAIM_SECONDS if budget_seconds is None else budget_seconds)
+        pass_end = claim_end + 2 * self.timeout_seconds
         # The sweep needs no credential: rows past their deadline go to REVIEW even when no
         # sender can claim them (platform down, token revoked, namespace without a sender).
-        mono = time.monotonic()
-        if self._last_sweep is None or mono - self._last_sweep >= SWEEP_INTERVAL_SECONDS:
-            self._last_sweep = mono
+        if self._last_sweep is None or start - self._last_sweep >= SWEEP_INTERVAL_SECONDS:
+            self._last_sweep = start
             stats.swept = self.sweep()
         try:
-            identity = self.client.identity()
+            self.client.identity()
         except IdentityUnavailable as exc:
             stats.identity_error = True
             log_action(logger, "sender.identity.unavailable", logging.WARNING, reason=str(exc))
             return stats
-        started = time.monotonic()
-        batch = self.concurrency
-        inflight: set[Future[str]] = set()
+        # Claim a page once that many rows are recorded; up to a window of rows is claimed and
+        # not yet recorded, so sending threads always find queued rows while this thread writes
+        # outcomes and claims (one commit per page; measured in bench/sender_throughput.py).
+        page = PAGE_PER_THREAD * self.concurrency
+        window = WINDOW_PER_THREAD * self.concurrency
+        done = Finished()
+        ready: list[Sent] = []  # sends finished, outcome not yet written
+        pending = 0  # rows claimed and not yet recorded (ready ones included)
         drained = False
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="orbit-sender") as pool:
+        with (
+            self.engine.connect() as conn,
+            ThreadPoolExecutor(self.concurrency, thread_name_prefix="orbit-sender") as pool,
+        ):
             while True:
-                in_budget = time.monotonic() - started < budget_seconds
-                room = min(2 * self.concurrency - len(inflight), max_claims - stats.claimed)
-                if not drained and in_budget and room >= min(batch, max_claims - stats.claimed) > 0:
+                ready += done.take(0)
+                left = max_claims - stats.claimed
+                room = min(window - pending + len(ready), left)
+                claiming = not drained and left > 0 and self.monotonic() < claim_end
+                identity: Identity | None = None
+                if claiming and room >= min(page, left):
                     # The identity as it is now (cached <= 60 s, dropped after a 401/403): a
                     # credential lost mid-pass stops the claiming; otherwise every release
                     # (identity unavailable) would be claimed again at once, one send each time.
                     try:
                         identity = self.client.identity()
                     except IdentityUnavailable as exc:
-                        stats.identity_error = True
-                        drained = True
+                        stats.identity_error = drained = True
+                        claiming = False
                         log_action(
                             logger,
                             "sender.identity.unavailable",
                             logging.WARNING,
                             reason=str(exc),
                         )
-                        continue
-                    owned, seen, guarded = self.claim_batch(identity, room)
-                    stats.guarded += guarded
+                    if self.monotonic() >= claim_end:  # the refresh itself took the rest
+                        identity, claiming = None, False
+                # While claiming goes on, outcomes wait for the next claim step (a page of them
+                # shares one commit); afterwards they are written as they come.
+                if identity is not None or (ready and not claiming):
+                    owned, seen = self._step(conn, ready, identity, room, stats)
+                    pending += len(owned) - len(ready)
+                    ready = []
                     stats.claimed += len(owned)
-                    if seen == 0:
+                    if identity is not None and seen == 0:
                         drained = True
                     for item in owned:
-                        inflight.add(pool.submit(self.process, item))
+                        pool.submit(self._send_to, done, item, pass_end)
                     continue
-                if not inflight:
+                if pending == 0:
                     break
-                done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    stats.add(fut.result())
+                # Sleep until a page can be claimed (room grows by one per finished send; the
+                # rows in flight always suffice), or until one outcome can be written.
+                ready += done.take(max(1, min(page, left) - room) if claiming else 1)
         stats.more = not drained
         log_action(logger, "sender.pass.done", **stats.as_fields())
         return stats
+
+    def _send_to(self, done: Finished, owned: Owned, pass_end: float) -> None:
+        """A sending thread: :meth:`send`, then hand the result to the pass's thread."""
+        try:
+            done.put(self.send(owned, pass_end))
+        except Exception as exc:  # noqa: BLE001 - the row is taken over after its lease
+            self._row_error(owned, exc)
+            done.put(Sent(owned, "error"))
+
+    def _step(
+        self,
+        conn: Connection,
+        sents: list[Sent],
+        identity: Identity | None,
+        room: int,
+        stats: PassStats,
+    ) -> tuple[list[Owned], int]:
+        """One transaction: the outcomes of the finished sends, then (with an identity) the
+        next page of claims. Returns (claimed rows, due rows seen)."""
+        log: list[LogEntry] = []
+
+        def run(c: Connection, batched: bool) -> tuple[list[str], list[Owned], int, int]:
+            log.clear()
+            mono = self.monotonic()
+            now = self.clock(c)
+            labels = self.record_all(c, sents, now, batched, log)
+            if identity is None:
+                return labels, [], 0, 0
+            owned, seen, guarded = self._claim(c, identity, room, now, mono, batched, log)
+            return labels, owned, seen, guarded
+
+        labels, owned, seen, guarded = self._in_transaction(conn, run)
+        _flush(log)
+        for label in labels:
+            stats.add(label)
+        stats.guarded += guarded
+        return owned, seen

@@ -3,27 +3,42 @@
 Ownership of a row is the compare-and-set claim (``state``/``lease_epoch``/``wake_at`` as seen);
 every outcome write is fenced by ``lease_epoch = :mine AND state = 'SENDING'``: ``rowcount != 1``
 means a newer claim owns the row and the result is dropped.
+
+Time: every function takes ``now`` as a value. Callers read it through one seam, a
+:data:`Clock` (default :func:`database_clock`, SPEC §2 "one clock"), so that tests can put the
+store at ``boundary - 1 µs``, ``= boundary`` and ``+ 1 µs`` without sleeping.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
-from orbit_tasks.db.engine import is_mysql
+from orbit_tasks.db.engine import db_now, is_mysql
 from orbit_tasks.sender import policy
 
 o = sender_outbox
 j = sender_jobs
 
+Clock = Callable[[Connection], dt.datetime]
+
+
+def database_clock(conn: Connection) -> dt.datetime:
+    """The business database's clock (UTC, naive): the default :data:`Clock`."""
+    return db_now(conn)
+
 
 @dataclass(frozen=True)
 class Candidate:
+    """A due row as the scan saw it, with what sending it needs (read in the same statement)."""
+
     namespace_id: str
     queue_id: str
     operation_id: str
@@ -31,6 +46,9 @@ class Candidate:
     lease_epoch: int
     send_count: int
     send_deadline_at: dt.datetime
+    idempotency_key: str
+    request_json: str
+    request_digest: bytes
 
 
 @dataclass(frozen=True)
@@ -126,6 +144,9 @@ def due_candidates(
             o.c.lease_epoch,
             o.c.send_count,
             o.c.send_deadline_at,
+            o.c.idempotency_key,
+            o.c.request_json,
+            o.c.request_digest,
         )
         .where(o.c.namespace_id == namespace_id, o.c.queue_id == queue_id, o.c.wake_at <= now)
         .order_by(o.c.wake_at, o.c.operation_id)
@@ -134,7 +155,10 @@ def due_candidates(
     if is_mysql(conn):
         # Only a hint to keep concurrent senders apart; the CAS below decides ownership.
         stmt = stmt.with_for_update(skip_locked=True)
-    return [Candidate(*row) for row in conn.execute(stmt)]
+    return [
+        Candidate(**{**r._asdict(), "request_digest": bytes(r.request_digest)})
+        for r in conn.execute(stmt)
+    ]
 
 
 def _seen(c: Candidate, now: dt.datetime) -> Any:
@@ -157,71 +181,88 @@ def guard_to_review(conn: Connection, c: Candidate, code: str, now: dt.datetime)
     return result.rowcount == 1
 
 
-def claim(conn: Connection, c: Candidate, now: dt.datetime, lease_seconds: int) -> bool:
-    """Compare-and-set claim: one more send, a new epoch, SENDING until ``now + lease``."""
-    result = conn.execute(
+def claim(conn: Connection, c: Candidate, now: dt.datetime, lease_seconds: float) -> bool:
+    """Compare-and-set claim of one row (a page of one): one more send, a new epoch, SENDING
+    until ``now + lease``."""
+    return claim_many(conn, [c], now, lease_seconds)
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_page(n: int) -> Any:
+    """The claim statement for a page of ``n`` rows, built once per size: named parameters
+    ``op<i>``/``st<i>``/``ep<i>``, so a page costs no expression building at run time."""
+    as_seen = or_(
+        *(
+            and_(
+                o.c.operation_id == bindparam(f"op{i}"),
+                o.c.state == bindparam(f"st{i}"),
+                o.c.lease_epoch == bindparam(f"ep{i}"),
+            )
+            for i in range(n)
+        )
+    )
+    return (
         update(o)
         .where(
-            _seen(c, now),
+            o.c.namespace_id == bindparam("ns"),
+            as_seen,
+            o.c.wake_at <= bindparam("now", type_=o.c.wake_at.type),
             o.c.send_count < policy.MAX_SENDS,
-            o.c.send_deadline_at > now,
+            o.c.send_deadline_at > bindparam("now", type_=o.c.wake_at.type),
         )
         .values(
             send_count=o.c.send_count + 1,
             lease_epoch=o.c.lease_epoch + 1,
             state="SENDING",
-            wake_at=now + dt.timedelta(seconds=lease_seconds),
-            updated_at=now,
+            wake_at=bindparam("until", type_=o.c.wake_at.type),
+            updated_at=bindparam("now", type_=o.c.wake_at.type),
         )
     )
-    return result.rowcount == 1
 
 
-def load_claimed(
-    conn: Connection,
-    claims: list[tuple[Candidate, int]],
-    now: dt.datetime,
-    lease_seconds: int,
-) -> list[Claimed]:
-    """The frozen bodies of rows just claimed (by (namespace, operation), epoch as claimed)."""
-    out: list[Claimed] = []
-    by_ns: dict[str, list[str]] = {}
-    for c, _epoch in claims:
-        by_ns.setdefault(c.namespace_id, []).append(c.operation_id)
-    epochs = {(c.namespace_id, c.operation_id): e for c, e in claims}
-    for ns, ops in by_ns.items():
-        rows = conn.execute(
-            select(
-                o.c.namespace_id,
-                o.c.queue_id,
-                o.c.operation_id,
-                o.c.idempotency_key,
-                o.c.request_json,
-                o.c.request_digest,
-                o.c.send_count,
-                o.c.lease_epoch,
-                o.c.send_deadline_at,
-            ).where(o.c.namespace_id == ns, o.c.operation_id.in_(ops))
+def claim_many(
+    conn: Connection, cands: list[Candidate], now: dt.datetime, lease_seconds: float
+) -> bool:
+    """The compare-and-set claim of several rows of one namespace in ONE statement: each row
+    as seen (state, epoch), in the expanded form ``ns = :ns AND ((op = :a AND state = :sa AND
+    epoch = :ea) OR ...)`` (a range on the primary key; docs/sender.md). True when every row
+    matched; otherwise the caller must roll back (it cannot tell which rows it got) and claim
+    one by one."""
+    if not cands:
+        return True
+    ns = cands[0].namespace_id
+    assert all(c.namespace_id == ns for c in cands)
+    params: dict[str, Any] = {
+        "ns": ns,
+        "now": now,
+        "until": now + dt.timedelta(seconds=lease_seconds),
+    }
+    for i, c in enumerate(cands):
+        params[f"op{i}"], params[f"st{i}"], params[f"ep{i}"] = (
+            c.operation_id,
+            c.state,
+            c.lease_epoch,
         )
-        for r in rows:
-            if r.lease_epoch != epochs[(r.namespace_id, r.operation_id)]:
-                continue  # taken over already (cannot happen inside the lease; be strict)
-            out.append(
-                Claimed(
-                    namespace_id=r.namespace_id,
-                    queue_id=r.queue_id,
-                    operation_id=r.operation_id,
-                    idempotency_key=r.idempotency_key,
-                    request_json=r.request_json,
-                    request_digest=bytes(r.request_digest),
-                    send_count=r.send_count,
-                    lease_epoch=r.lease_epoch,
-                    claimed_at=now,
-                    lease_until=now + dt.timedelta(seconds=lease_seconds),
-                    send_deadline_at=r.send_deadline_at,
-                )
-            )
-    return out
+    result = conn.execute(_claim_page(len(cands)), params)
+    return result.rowcount == len(cands)
+
+
+def claimed_row(c: Candidate, now: dt.datetime, lease_seconds: float) -> Claimed:
+    """What a successful claim of ``c`` at ``now`` made of it (no read-back needed: the claim
+    statement changed exactly these columns)."""
+    return Claimed(
+        namespace_id=c.namespace_id,
+        queue_id=c.queue_id,
+        operation_id=c.operation_id,
+        idempotency_key=c.idempotency_key,
+        request_json=c.request_json,
+        request_digest=c.request_digest,
+        send_count=c.send_count + 1,
+        lease_epoch=c.lease_epoch + 1,
+        claimed_at=now,
+        lease_until=now + dt.timedelta(seconds=lease_seconds),
+        send_deadline_at=c.send_deadline_at,
+    )
 
 
 # --- fenced outcome writes ---------------------------------------------------------------------
@@ -239,26 +280,73 @@ def _mine(row: Claimed) -> Any:
 def write_accepted(
     conn: Connection, row: Claimed, task_id: str, receipt_json: str, now: dt.datetime
 ) -> bool:
-    """ACCEPTED with the original receipt, and ``sender_jobs.task_id`` in the same transaction."""
-    result = conn.execute(
+    """ACCEPTED with the original receipt, and ``sender_jobs.task_id`` in the same transaction
+    (a page of one)."""
+    return write_accepted_many(conn, [(row, task_id, receipt_json)], now)
+
+
+@functools.lru_cache(maxsize=256)
+def _accept_page(n: int) -> tuple[Any, Any]:
+    """The two statements that record a page of ``n`` accepted rows, built once per size:
+    the outbox rows, each fenced by its epoch, then their ``sender_jobs`` rows."""
+    mine = or_(
+        *(
+            and_(o.c.operation_id == bindparam(f"op{i}"), o.c.lease_epoch == bindparam(f"ep{i}"))
+            for i in range(n)
+        )
+    )
+
+    def by_op(column: Any, value: str, type_: Any) -> Any:
+        whens = [
+            (column == bindparam(f"op{i}"), bindparam(f"{value}{i}", type_=type_)) for i in range(n)
+        ]
+        return case(*whens)
+
+    outbox = (
         update(o)
-        .where(_mine(row))
+        .where(o.c.namespace_id == bindparam("ns"), mine, o.c.state == "SENDING")
         .values(
             state="ACCEPTED",
             wake_at=None,
             last_code=policy.ACCEPTED,
-            task_id=task_id,
-            receipt_json=receipt_json,
-            updated_at=now,
+            task_id=by_op(o.c.operation_id, "tid", o.c.task_id.type),
+            receipt_json=by_op(o.c.operation_id, "rec", o.c.receipt_json.type),
+            updated_at=bindparam("now", type_=o.c.updated_at.type),
         )
     )
-    if result.rowcount != 1:
-        return False
-    conn.execute(
+    jobs = (
         update(j)
-        .where(j.c.namespace_id == row.namespace_id, j.c.operation_id == row.operation_id)
-        .values(task_id=task_id, updated_at=now)
+        .where(
+            j.c.namespace_id == bindparam("ns"),
+            j.c.operation_id.in_([bindparam(f"op{i}") for i in range(n)]),
+        )
+        .values(
+            task_id=by_op(j.c.operation_id, "tid", j.c.task_id.type),
+            updated_at=bindparam("now", type_=j.c.updated_at.type),
+        )
     )
+    return outbox, jobs
+
+
+def write_accepted_many(
+    conn: Connection, accepted: list[tuple[Claimed, str, str]], now: dt.datetime
+) -> bool:
+    """:func:`write_accepted` for several rows of one namespace in two statements, each row
+    fenced by its own epoch (``(op = :a AND epoch = :ea) OR ...``, state SENDING). True when
+    every row was written (then ``sender_jobs`` too); otherwise the caller must roll back (it
+    cannot tell which rows were stale) and write them one by one."""
+    if not accepted:
+        return True
+    ns = accepted[0][0].namespace_id
+    assert all(row.namespace_id == ns for row, _t, _r in accepted)
+    params: dict[str, Any] = {"ns": ns, "now": now}
+    for i, (row, task_id, receipt) in enumerate(accepted):
+        params[f"op{i}"], params[f"ep{i}"] = row.operation_id, row.lease_epoch
+        params[f"tid{i}"], params[f"rec{i}"] = task_id, receipt
+    outbox, jobs = _accept_page(len(accepted))
+    if conn.execute(outbox, params).rowcount != len(accepted):
+        return False
+    conn.execute(jobs, params)
     return True
 
 
@@ -396,11 +484,6 @@ def list_rows(
         )
     stmt = stmt.order_by(o.c.namespace_id, o.c.operation_id).limit(limit)
     return [dict(r._mapping) for r in conn.execute(stmt)]
-
-
-def count_by_state(conn: Connection) -> dict[str, int]:
-    rows = conn.execute(select(o.c.state, func.count()).group_by(o.c.state))
-    return {r[0]: int(r[1]) for r in rows}
 
 
 def requeue(conn: Connection, row: Any, now: dt.datetime) -> bool:

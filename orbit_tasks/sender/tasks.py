@@ -14,6 +14,7 @@ from orbit_tasks.celery_app import app
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender.client import PlatformClient
+from orbit_tasks.sender.limits import pass_limits
 from orbit_tasks.sender.relay import PassStats, Relay
 from orbit_tasks.settings import get_settings
 
@@ -21,12 +22,11 @@ logger = logging.getLogger("orbit.sender")
 _lock = threading.Lock()
 _relay: Relay | None = None
 
-_LEASE = get_settings().sender_lease_seconds
-
-
-def pass_budget_seconds() -> float:
-    """Stop claiming after this long; rows in flight finish within their HTTP timeout."""
-    return float(max(1, min(20, _LEASE // 3)))
+# Claim budget, HTTP bound and Celery limits derived together from the lease, so that a pass
+# always ends on its own before the soft limit (orbit_tasks/sender/limits.py, docs/sender.md).
+LIMITS = pass_limits(
+    get_settings().sender_lease_seconds, get_settings().sender_http_timeout_seconds
+)
 
 
 def get_relay() -> Relay:
@@ -52,15 +52,15 @@ def get_relay() -> Relay:
 
 
 def _run() -> PassStats:
-    return get_relay().run_pass(budget_seconds=pass_budget_seconds())
+    return get_relay().run_pass(budget_seconds=LIMITS.claim_seconds)
 
 
 @app.task(
     name="orbit.sender.tick",
     ignore_result=True,
     acks_late=True,
-    soft_time_limit=max(3, _LEASE - 10),
-    time_limit=max(5, _LEASE - 5),
+    soft_time_limit=LIMITS.soft_limit_seconds,
+    time_limit=LIMITS.hard_limit_seconds,
 )
 def tick() -> dict[str, object]:
     """One bounded relay pass (no ETA: the database's ``wake_at`` holds every time)."""
@@ -79,8 +79,8 @@ def tick() -> dict[str, object]:
     name="orbit.sender.relay",
     ignore_result=True,
     acks_late=True,
-    soft_time_limit=max(3, _LEASE - 10),
-    time_limit=max(5, _LEASE - 5),
+    soft_time_limit=LIMITS.soft_limit_seconds,
+    time_limit=LIMITS.hard_limit_seconds,
 )
 def relay_task() -> dict[str, object]:
     """The same bounded pass, published by a tick that left due rows behind."""

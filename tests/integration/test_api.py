@@ -305,6 +305,7 @@ def test_bad_requests_are_400_and_write_nothing(platform: Platform) -> None:
         headers=[
             (b"Authorization", f"Bearer {platform.tok_all}".encode()),
             (b"Idempotency-Key", b"caf\xe9"),
+            (b"Content-Type", b"application/json"),
         ],
     )
     assert (resp.status_code, error_code(resp)) == (400, "bad_idempotency_key")
@@ -327,7 +328,11 @@ def test_body_over_one_mebibyte_is_413(platform: Platform) -> None:
     streamed = platform.client.post(
         platform.url(platform.ns, platform.emails),
         content=chunks(),
-        headers={"Authorization": f"Bearer {platform.tok_all}", "Idempotency-Key": "big-2"},
+        headers={
+            "Authorization": f"Bearer {platform.tok_all}",
+            "Idempotency-Key": "big-2",
+            "Content-Type": "application/json",
+        },
     )
     assert (streamed.status_code, error_code(streamed)) == (413, "too_large")
     assert platform.count(tasks) == before
@@ -456,7 +461,11 @@ def test_embedded_sqlite_platform(tmp_path: Path) -> None:
             _, token = ps.create_credential(conn, ns, None)
         body = '{"a": 1e400, "b": "😀"}'.encode()
         with running_api_server(url) as server:
-            headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "k-sqlite"}
+            headers = {
+                "Authorization": f"Bearer {token}",
+                "Idempotency-Key": "k-sqlite",
+                "Content-Type": "application/json",
+            }
             target = f"{server.base_url}/v1/namespaces/acme/queues/emails/tasks"
             results: list[httpx.Response] = []
             lock = threading.Lock()
@@ -485,7 +494,11 @@ def test_unreachable_database_is_503_and_broken_schema_is_500_without_leaks(
 ) -> None:
     token = "orb_leakcheck_token_value"
     key = "leakcheck-key"
-    post_headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": key}
+    post_headers = {
+        "Authorization": f"Bearer {token}",
+        "Idempotency-Key": key,
+        "Content-Type": "application/json",
+    }
     body = b'{"leak": "check"}'
     # a port nobody listens on: every database call fails with OperationalError
     with running_api_server("mysql+mysqldb://root@127.0.0.1:1/none") as down:
@@ -495,8 +508,12 @@ def test_unreachable_database_is_503_and_broken_schema_is_500_without_leaks(
                 "/v1/namespaces/acme/queues/q/tasks", headers=post_headers, content=body
             )
             assert (resp.status_code, error_code(resp)) == (503, "unavailable")
+            assert int(resp.headers["retry-after"]) >= 1
             resp = client.get("/v1/credential", headers={"Authorization": f"Bearer {token}"})
             assert (resp.status_code, error_code(resp)) == (503, "unavailable")
+            assert int(resp.headers["retry-after"]) >= 1
+            ready = client.get("/readyz")
+            assert (ready.status_code, error_code(ready)) == (503, "unavailable")
         down_log = down.output()
     # a table dropped after the start check (an empty database is refused at start): the SQL
     # itself fails
@@ -520,3 +537,118 @@ def test_unreachable_database_is_503_and_broken_schema_is_500_without_leaks(
         assert token not in log_text
         assert key not in log_text
         assert "leak" not in log_text
+
+
+# --- every error in the documented shape (issue 7 item 8) -----------------------------------------
+
+
+def test_unknown_path_and_wrong_method_answer_the_error_shape(platform: Platform) -> None:
+    missing = platform.client.get("/v1/nothing-here")
+    assert (missing.status_code, error_code(missing)) == (404, "not_found")
+    assert missing.headers["content-type"] == "application/json"
+    wrong = platform.client.post("/v1/credential", content=b"{}")
+    assert (wrong.status_code, error_code(wrong)) == (405, "method_not_allowed")
+    assert wrong.headers["allow"] == "GET"
+    listed = platform.client.get(platform.url(platform.ns, platform.emails))
+    assert (listed.status_code, error_code(listed)) == (405, "method_not_allowed")
+    assert listed.headers["allow"] == "POST"
+
+
+def test_openapi_documents_every_error_answer(platform: Platform) -> None:
+    doc = platform.client.get("/openapi.json").json()
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            assert "405" in operation["responses"], (path, method)
+    submit = doc["paths"]["/v1/namespaces/{ns}/queues/{queue}/tasks"]["post"]
+    assert "unsupported_media_type" in submit["responses"]["415"]["description"]
+    assert "Retry-After" in submit["responses"]["503"]["headers"]
+    ready = doc["paths"]["/readyz"]["get"]
+    assert {"200", "503"} <= set(ready["responses"])
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", None, "application/json; charset=latin-1"],
+)
+def test_a_body_that_is_not_declared_json_is_415(
+    platform: Platform, content_type: str | None
+) -> None:
+    before = platform.count(tasks)
+    headers = {"Authorization": f"Bearer {platform.tok_all}", "Idempotency-Key": "ct-1"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    resp = platform.client.post(
+        platform.url(platform.ns, platform.emails), content=b'{"a": 1}', headers=headers
+    )
+    assert (resp.status_code, error_code(resp)) == (415, "unsupported_media_type")
+    assert "application/json" in resp.json()["message"]
+    assert platform.count(tasks) == before
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "Application/JSON; charset=UTF-8", 'application/json;charset="utf-8"'],
+)
+def test_json_content_types_are_accepted(platform: Platform, content_type: str) -> None:
+    resp = platform.client.post(
+        platform.url(platform.ns, platform.emails),
+        content=b'{"ct": 1}',
+        headers={
+            "Authorization": f"Bearer {platform.tok_all}",
+            "Idempotency-Key": f"ct-ok-{content_type}",
+            "Content-Type": content_type,
+        },
+    )
+    assert resp.status_code in (200, 201), resp.text
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"a":' + b"[" * (depth - 1) + b"1" + b"]" * (depth - 1) + b"}"
+
+
+def test_bodies_enqueue_refuses_are_refused_by_the_api_too(platform: Platform) -> None:
+    """One rule on both sides (orbit_tasks/json_document.py): lone surrogate escapes and
+    nesting past what JSON_VALID stores are 400 here as they are InvalidRequest in enqueue()."""
+    before = platform.count(tasks)
+    for i, body in enumerate([b'{"a": "\\ud800"}', b'{"\\udc00": 1}', _nested(32), _nested(999)]):
+        resp = platform.post(body, f"rule-{i}")
+        assert (resp.status_code, error_code(resp)) == (400, "bad_json"), body[:20]
+    assert platform.count(tasks) == before
+    assert platform.post(_nested(31), "rule-ok").status_code == 201
+
+
+def test_readiness_follows_the_database_liveness_does_not(tmp_path: Path) -> None:
+    """/healthz (liveness) answers while the database is gone; /readyz (readiness) is 503 with
+    Retry-After until the database is back. The database really goes away: the API reaches
+    MariaDB through a TCP hop that the test cuts (connections reset, new ones refused)."""
+    from urllib.parse import urlsplit
+
+    from tests.api_server import tcp_forwarder
+    from tests.dbutil import MARIADB_SERVER_URL
+
+    server = urlsplit(MARIADB_SERVER_URL.replace("mysql+mysqldb", "mysql"))
+    with (
+        mariadb_database("orbit_ready") as url,
+        migrated_engine(url, "platform"),
+        tcp_forwarder(server.hostname or "127.0.0.1", server.port or 3306) as hop,
+    ):
+        db_name = url.rsplit("/", 1)[1]
+        via_hop = f"mysql+mysqldb://root@127.0.0.1:{hop.port}/{db_name}"
+        with (
+            running_api_server(via_hop) as api,
+            httpx.Client(base_url=api.base_url, timeout=30) as client,
+        ):
+            assert client.get("/readyz").status_code == 200
+            hop.down()
+            assert client.get("/healthz").status_code == 200
+            ready = client.get("/readyz")
+            assert (ready.status_code, error_code(ready)) == (503, "unavailable")
+            assert int(ready.headers["retry-after"]) >= 1
+            resp = client.get("/v1/credential", headers={"Authorization": "Bearer orb_x"})
+            assert (resp.status_code, error_code(resp)) == (503, "unavailable")
+            assert int(resp.headers["retry-after"]) >= 1
+            hop.up()
+            end = time.monotonic() + 20
+            while client.get("/readyz").status_code != 200:
+                assert time.monotonic() < end, "not ready again after the database came back"
+                time.sleep(0.2)

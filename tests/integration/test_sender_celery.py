@@ -156,12 +156,18 @@ def test_sigkill_mid_send_is_taken_over_after_the_lease(
     enqueue_many(engine, world.ns, world.queues, 6)
 
     def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
-        # The first send of each key hangs in the proxy for 2 s (inside the 2.5 s timeout).
-        return Fault("sleep", seconds=2.0) if method == "POST" and attempt == 1 else PASS
+        # The first send of each key hangs in the proxy for 1.8 s (inside the 2.25 s bound, the
+        # largest a 12 s lease allows).
+        return Fault("sleep", seconds=1.8) if method == "POST" and attempt == 1 else PASS
 
     with fault_proxy(world.api.base_url, rule) as proxy:
         env = celery_env(
-            url, world.platform_url, proxy.url, world.token, ORBIT_SENDER_HTTP_TIMEOUT_SECONDS="2.5"
+            url,
+            world.platform_url,
+            proxy.url,
+            world.token,
+            ORBIT_SENDER_LEASE_SECONDS="12",
+            ORBIT_SENDER_HTTP_TIMEOUT_SECONDS="2.25",
         )
         first = workers.start("sender-doomed", env)
         end = time.monotonic() + 60
@@ -185,3 +191,37 @@ def test_sigkill_mid_send_is_taken_over_after_the_lease(
         r = table[op][0]
         assert r.send_count >= 2 and r.lease_epoch >= 2  # the takeover was a new claim
     assert world.token not in workers.output()
+
+
+@pytest.mark.parametrize("lease", ["5", "9"])
+def test_short_leases_pass_within_their_time_limits(
+    world: World, business: tuple[str, Engine], workers: Workers, beat: Celery, lease: str
+) -> None:
+    """Issue 7 item 6: with the smallest allowed lease (5 s), and 9 s (where the old soft time
+    limit equalled the pass budget and the HTTP timeout), every pass ends on its own before the
+    Celery soft limit: rows go ACCEPTED and no SoftTimeLimitExceeded appears in the worker log.
+    The platform answers each POST after 0.25 s (a real proxy), so passes spend their whole
+    budget claiming and then drain what is in flight."""
+    url, engine = business
+    enqueue_many(engine, world.ns, world.queues, 150)
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        return Fault("sleep", seconds=0.25) if method == "POST" else PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        env = celery_env(
+            url,
+            world.platform_url,
+            proxy.url,
+            world.token,
+            ORBIT_SENDER_LEASE_SECONDS=lease,
+            ORBIT_SENDER_CONCURRENCY="4",
+        )
+        assert "ORBIT_SENDER_HTTP_TIMEOUT_SECONDS" not in env  # the default the lease allows
+        workers.start(f"sender-lease{lease}", env)
+        run_until_settled(beat, engine, timeout=120)
+        proxy.settle()
+    check_invariants(engine, world.platform, require_accepted=True)
+    out = workers.output()
+    assert "sender.pass.done" in out
+    assert "SoftTimeLimitExceeded" not in out and "TimeLimitExceeded" not in out, out[-3000:]

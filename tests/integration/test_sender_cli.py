@@ -5,16 +5,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
 from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.platform_tables import namespaces
+from tests import sender_support
 from tests.cli_support import invoke_json, invoke_orbit, orbit_env, run_orbit
 from tests.dbutil import mariadb_database, migrated_engine
-from tests.sender_support import enqueue_many, rows
+from tests.sender_support import World, enqueue_many, rows
 
 pytestmark = pytest.mark.mariadb
+
+world = sender_support.world  # module fixture: platform database + API (credential identity)
 
 NS = "a1" * 16
 Q = "b2" * 16
@@ -44,13 +49,13 @@ def test_list_show_requeue(biz: tuple[str, Engine]) -> None:
     env = orbit_env("sqlite:///unused.sqlite3", url)
     ops = sorted(enqueue_many(engine, NS, [Q], 3))
     _review(engine, ops[0])
-    listed = invoke_json(["sender", "list"], env)
+    listed = invoke_json(["sender", "list"], env)["items"]
     assert [r["operation_id"] for r in listed] == ops
     assert {r["state"] for r in listed} == {"PENDING", "REVIEW"}
-    review = invoke_json(["sender", "list", "--state", "REVIEW"], env)
+    review = invoke_json(["sender", "list", "--state", "REVIEW"], env)["items"]
     assert [r["operation_id"] for r in review] == [ops[0]]
     page = invoke_json(["sender", "list", "--limit", "1", "--after", f"{NS}:{ops[0]}"], env)
-    assert [r["operation_id"] for r in page] == [ops[1]]
+    assert [r["operation_id"] for r in page["items"]] == [ops[1]]
     human = invoke_orbit(["sender", "list", "--state", "REVIEW"], env)
     assert human.exit_code == 0 and ops[0] in human.stdout and "UNAVAILABLE" in human.stdout
 
@@ -106,3 +111,100 @@ def test_real_console_script(biz: tuple[str, Engine]) -> None:
     assert json.loads(res.stdout)["state"] == "PENDING"
     for cmd in (["sender", "list"], ["sender", "show"], ["sender", "requeue"]):
         assert run_orbit([*cmd, "--help"], env).returncode == 0
+
+
+# --- NS by name (issue 7 item 7) and the list shape (issue 9 item 6) ---------------------------
+
+
+@pytest.fixture
+def named(biz: tuple[str, Engine]) -> Iterator[tuple[str, str, Engine, str, str]]:
+    """A platform database with namespace 'acme' (its id is the rows' NS) and a business DB."""
+    from orbit_tasks.platform import store as ps
+
+    url, engine = biz
+    with mariadb_database("orbit_scp") as purl, migrated_engine(purl, "platform") as platform:
+        with platform.begin() as conn:
+            ns_id = ps.create_namespace(conn, "acme").hex()
+            ps.create_namespace(conn, "globex")
+        yield purl, url, engine, ns_id, "acme"
+
+
+def test_ns_is_a_name_resolved_through_the_platform_database(
+    named: tuple[str, str, Engine, str, str],
+) -> None:
+    purl, url, engine, ns_id, name = named
+    env = orbit_env(purl, url)
+    (op,) = enqueue_many(engine, ns_id, [Q], 1)
+    _review(engine, op)
+    shown = invoke_json(["sender", "show", name, op], env)
+    assert (shown["namespace_id"], shown["operation_id"]) == (ns_id, op)
+    assert invoke_json(["sender", "show", ns_id, op], env)["operation_id"] == op
+    listed = invoke_json(["sender", "list", "--namespace", name], env)
+    assert [r["operation_id"] for r in listed["items"]] == [op]
+    done = invoke_json(["sender", "requeue", name, op], env)
+    assert done == {"namespace_id": ns_id, "operation_id": op, "state": "PENDING"}
+    # the real console script, too
+    res = run_orbit(["sender", "show", name, op, "--json"], env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["namespace_id"] == ns_id
+    # a name the platform does not know: exit 4, one line naming it
+    for cmd in (["sender", "show", "nope", op], ["sender", "requeue", "nope", op]):
+        res = run_orbit(cmd, env)
+        assert res.returncode == 4, (res.returncode, res.stderr)
+        assert "namespace 'nope'" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    # a known namespace without this row is a missing row (exit 4 too), not a name problem
+    missing = invoke_orbit(["sender", "show", "globex", op], env)
+    assert missing.exit_code == 4 and "outbox row" in missing.stderr
+
+
+def test_ns_name_through_the_credential_identity(
+    world: World, biz: tuple[str, Engine], tmp_path: Path
+) -> None:
+    """On an application host without the platform database, a name resolves through the
+    sender's credential (GET /v1/credential: its namespace's name and id)."""
+    url, engine = biz
+    (op,) = enqueue_many(engine, world.ns, world.queues, 1)
+    with world.platform.connect() as conn:
+        name = conn.execute(
+            select(namespaces.c.name).where(namespaces.c.id == bytes.fromhex(world.ns))
+        ).scalar_one()
+    env = orbit_env(
+        f"sqlite:///{tmp_path / 'absent' / 'platform.sqlite3'}",
+        url,
+        ORBIT_API_URL=world.api.base_url,
+        ORBIT_API_TOKEN=world.token,
+    )
+    assert invoke_json(["sender", "show", name, op], env)["namespace_id"] == world.ns
+    other = invoke_orbit(["sender", "show", "someone-else", op], env)
+    assert other.exit_code == 4
+    assert "namespace 'someone-else'" in other.stderr and name in other.stderr
+    assert not (tmp_path / "absent").exists()  # no platform file was created by the lookup
+    # neither source: exit 4 with what to do
+    bare = orbit_env(f"sqlite:///{tmp_path / 'absent' / 'platform.sqlite3'}", url)
+    res = invoke_orbit(["sender", "show", name, op], bare)
+    assert res.exit_code == 4 and "32-hex" in res.stderr and "ORBIT_API_TOKEN" in res.stderr
+    assert not (tmp_path / "absent").exists()
+
+
+def test_list_pages_with_a_cursor(biz: tuple[str, Engine]) -> None:
+    url, engine = biz
+    env = orbit_env("sqlite:///unused.sqlite3", url)
+    ops = sorted(enqueue_many(engine, NS, [Q], 5))
+    first = invoke_json(["sender", "list", "--limit", "2"], env)
+    assert set(first) == {"items", "next"}
+    assert [r["operation_id"] for r in first["items"]] == ops[:2]
+    assert first["next"] == f"{NS}:{ops[1]}"
+    second = invoke_json(["sender", "list", "--limit", "2", "--after", first["next"]], env)
+    assert [r["operation_id"] for r in second["items"]] == ops[2:4]
+    last = invoke_json(["sender", "list", "--limit", "2", "--after", second["next"]], env)
+    assert [r["operation_id"] for r in last["items"]] == ops[4:]
+    assert last["next"] is None
+    exact = invoke_json(["sender", "list", "--limit", "5"], env)
+    assert exact["next"] is None and len(exact["items"]) == 5
+    text_cut = invoke_orbit(["sender", "list", "--limit", "2"], env)
+    assert text_cut.exit_code == 0
+    assert f"more: next page with --after {NS}:{ops[1]}" in text_cut.stdout
+    text_all = invoke_orbit(["sender", "list"], env)
+    assert "more:" not in text_all.stdout and all(op in text_all.stdout for op in ops)
+    empty = invoke_json(["sender", "list", "--state", "ACCEPTED"], env)
+    assert empty == {"items": [], "next": None}

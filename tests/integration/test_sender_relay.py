@@ -343,7 +343,7 @@ def test_lost_identity_mid_pass_stops_claiming(world: World, business: tuple[str
         relay.client.close()
     table = rows(engine)
     assert stats.identity_error
-    assert stats.claimed <= 3, stats
+    assert stats.claimed <= len(ops), stats  # each row claimed at most once: no claim-release loop
     for op in ops:
         r = table[op][0]
         assert r.state == "PENDING" and r.send_count <= 1, (r.state, r.send_count, r.last_code)

@@ -241,3 +241,41 @@ def test_api_serve_cli_help_and_bad_port() -> None:
     bad = runner.invoke(cli, ["api", "serve", "--port", "70000"])
     assert bad.exit_code == 2
     assert "70000" in bad.output and "1<=x<=65535" in bad.output
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "application/json",
+        "APPLICATION/JSON",
+        "application/json; charset=utf-8",
+        'application/json;charset="UTF-8"',
+        "application/json; boundary=x",
+    ],
+)
+def test_json_content_types(value: str) -> None:
+    receipts.check_content_type(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "missing or unreadable"),
+        ("", "missing or unreadable"),
+        ("text/plain", "'text/plain'"),
+        ("application/json-seq", "'application/json-seq'"),
+        ("application/json; charset=latin-1", "'latin-1'"),
+        ("text/plain\x00<script>", "missing or unreadable"),
+    ],
+)
+def test_other_content_types_are_415_naming_the_value(value: str | None, shown: str) -> None:
+    exc = problem(receipts.check_content_type, value)
+    assert (exc.status, exc.code) == (415, "unsupported_media_type")
+    assert shown in exc.message and "application/json" in exc.message
+
+
+def test_every_503_says_when_to_retry() -> None:
+    exc = receipts.unavailable()
+    assert (exc.status, exc.code) == (503, "unavailable")
+    assert int(exc.headers["Retry-After"]) >= 1
+    assert receipts.unauthenticated().headers == {"WWW-Authenticate": "Bearer"}

@@ -55,10 +55,10 @@ def test_float_is_refused_with_a_hint() -> None:
 @pytest.mark.parametrize(
     ("request_", "pattern"),
     [
-        ("[1,2]", "list, not an object"),
-        ('"text"', "str, not an object"),
-        ("42", "int, not an object"),
-        ("null", "NoneType, not an object"),
+        ("[1,2]", "must be a JSON object, not an array"),
+        ('"text"', "not a string"),
+        ("42", "not a number"),
+        ("null", "not null"),
         ("{", "not valid JSON"),
         ("", "not valid JSON"),
         ('{"a":NaN}', "not valid JSON"),
@@ -220,3 +220,43 @@ def test_escaped_lone_surrogates_are_refused(text: str) -> None:
 def test_escaped_surrogate_pairs_are_kept() -> None:
     text = '{"a":"\\ud83d\\ude00"}'
     assert freeze_request(text) == text
+
+
+# --- one rule for the outbox and the platform API (issue 7 item 8) ------------------------------
+
+ONE_RULE_CASES = [
+    ('{"a":1}', True),
+    (_nested(31), True),
+    (_nested(32), False),
+    (_nested(999), False),
+    ('{"a":"\\ud800"}', False),
+    ('{"\\udfff":1}', False),
+    ('{"a":"\\ud83d\\ude00"}', True),
+    ('{"n":' + "9" * 5000 + "}", True),  # beyond Python's int digit limit: exact, not an error
+    ('{"a":1e400}', True),
+    ('{"a":NaN}', False),
+    ('{"a":1,"a":1}', False),
+    ("[1]", False),
+    ("", False),
+    ('{"p":"' + "x" * (1024 * 1024 - 8) + '"}', True),
+    ('{"p":"' + "x" * (1024 * 1024 - 7) + '"}', False),
+]
+
+
+@pytest.mark.parametrize(("text", "valid"), ONE_RULE_CASES, ids=lambda v: str(v)[:24])
+def test_outbox_and_api_apply_one_rule(text: str, valid: bool) -> None:
+    """enqueue() freezes exactly the bodies the platform API accepts (no request the outbox
+    keeps can be refused by the platform as bad JSON, and the reverse)."""
+    from orbit_tasks.api import receipts
+
+    try:
+        freeze_request(text)
+        outbox_ok = True
+    except InvalidRequest:
+        outbox_ok = False
+    try:
+        receipts.validate_body(text.encode("utf-8"))
+        api_ok = True
+    except receipts.ApiProblem:
+        api_ok = False
+    assert (outbox_ok, api_ok) == (valid, valid)
