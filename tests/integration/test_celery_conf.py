@@ -38,6 +38,10 @@ def worker(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     node = f"conf-{os.getpid()}@test"
     log = tmp_path / "worker.log"
     redis.Redis.from_url(BROKER).flushdb()
+    # workers refuse a missing schema (SPEC §12)
+    subprocess.run(
+        [str(ORBIT), "db", "upgrade"], cwd=REPO, env=env, check=True, capture_output=True
+    )
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(ORBIT), "worker", "control", "-n", node, "--", "--without-mingle"],
