@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, and_, or_, select, update
+from sqlalchemy import Connection, Engine, and_, func, or_, select, update
 
 from orbit_tasks.archive.jobs import (
     ErrorCode,
@@ -28,13 +28,14 @@ from orbit_tasks.archive.jobs import (
     claimable,
     is_takeover,
 )
-from orbit_tasks.archive.ranges import ArchiveRange, RangeInputs, derive_range
+from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.platform_tables import archive_jobs as J
 from orbit_tasks.db.platform_tables import archive_plans
+from orbit_tasks.db.platform_tables import archive_policies as P
 from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
 from orbit_tasks.ids import random_id
-from orbit_tasks.platform.store import get_policy, insert_audit
+from orbit_tasks.platform.store import insert_audit
 
 After = Literal["keep", "chain", "release"]
 
@@ -378,15 +379,31 @@ def list_jobs(
 
 
 def job_range(conn: Connection, job: Job) -> ArchiveRange:
-    """The job's fixed range, recomputed from database rows (SPEC §5).
+    """The job's fixed range, recomputed from database rows (SPEC §5): ``from`` is the greatest
+    ``until`` among all SUCCEEDED jobs of (namespace, kind) created before this one, whatever
+    their storage, each with its own policy revision.
 
-    Raises ``JobFailure(POLICY_MISSING)`` when a policy revision row it needs is gone.
+    Two statements: the latest-created earlier success per policy revision (the greatest
+    ``until`` of one revision belongs to its latest job), then those policy rows. Raises
+    ``JobFailure(POLICY_MISSING)`` when a policy revision row it needs is gone.
     """
-    policy = get_policy(conn, job.namespace_id, job.kind, job.policy_revision)
-    if policy is None:
-        raise JobFailure(ErrorCode.POLICY_MISSING)
-    prev = conn.execute(
-        select(J.c.created_at, J.c.policy_revision)
+    earlier = conn.execute(earlier_successes_query(job)).all()
+    latest = {int(rev): created for rev, created in earlier}
+    after = policy_seconds(conn, job.namespace_id, job.kind, {job.policy_revision, *latest})
+    return derive_range(
+        RangeInputs(
+            job.created_at,
+            after[job.policy_revision],
+            tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
+        )
+    )
+
+
+def earlier_successes_query(job: Job) -> Any:
+    """(policy_revision, latest created_at) of the SUCCEEDED jobs of (namespace, kind) created
+    before ``job`` (``created_at < :c OR (created_at = :c AND id < :id)``, ix_archive_job_list)."""
+    return (
+        select(J.c.policy_revision, func.max(J.c.created_at))
         .where(
             J.c.namespace_id == job.namespace_id,
             J.c.kind == job.kind,
@@ -396,22 +413,23 @@ def job_range(conn: Connection, job: Job) -> ArchiveRange:
                 and_(J.c.created_at == job.created_at, J.c.id < job.id),
             ),
         )
-        .order_by(J.c.created_at.desc(), J.c.id.desc())
-        .limit(1)
-    ).first()
-    if prev is None:
-        return derive_range(RangeInputs(job.created_at, policy.archive_after_seconds))
-    prev_policy = get_policy(conn, job.namespace_id, job.kind, int(prev.policy_revision))
-    if prev_policy is None:
-        raise JobFailure(ErrorCode.POLICY_MISSING)
-    return derive_range(
-        RangeInputs(
-            job.created_at,
-            policy.archive_after_seconds,
-            prev.created_at,
-            prev_policy.archive_after_seconds,
-        )
+        .group_by(J.c.policy_revision)
     )
+
+
+def policy_seconds(
+    conn: Connection, ns_id: bytes, kind: str, revisions: set[int]
+) -> dict[int, int]:
+    """``archive_after_seconds`` of the given policy revisions; POLICY_MISSING if one is gone."""
+    rows = conn.execute(
+        select(P.c.revision, P.c.archive_after_seconds).where(
+            P.c.namespace_id == ns_id, P.c.kind == kind, P.c.revision.in_(sorted(revisions))
+        )
+    ).all()
+    found = {int(rev): int(seconds) for rev, seconds in rows}
+    if set(found) != revisions:
+        raise JobFailure(ErrorCode.POLICY_MISSING)
+    return found
 
 
 def chain_expectation(job: Job, *, complete: bool) -> Any:

@@ -305,17 +305,31 @@ def test_other_hot_job_queries_use_their_indexes(platform_engine: Engine) -> Non
         .where(task_attempts.c.namespace_id == ns, task_attempts.c.task_id.in_([ns, b"\x03" * 16]))
         .order_by(*task_attempts.primary_key.columns)
     )
+    job = job_store.Job(
+        namespace_id=ns, id=ns, kind="tasks", plan_revision=1, policy_revision=1,
+        storage_id=ns, batch_size=10, max_bytes=1 << 20, state=JobState.PENDING, revision=1,
+        attempts=0, batches=0, roots=0, bytes=0, last_sha256="", error_code="", lease_id=None,
+        lease_until=None, created_at=t, updated_at=t,
+    )  # fmt: skip
+    earlier = job_store.earlier_successes_query(job)  # the range's "from" (once per claim chain)
     with platform_engine.connect() as conn:
-        for q, index in ((listing, "ix_archive_job_list"), (children, "PRIMARY")):
+        for q, indexes in (
+            (listing, {"ix_archive_job_list"}),
+            (children, {"PRIMARY"}),
+            (earlier, {"ix_archive_job_list", "PRIMARY"}),  # both lead with namespace_id
+        ):
             sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
             rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
-            assert rows[0]["key"] == index, (sql, rows)
+            assert rows[0]["key"] in indexes and rows[0]["type"] != "ALL", (sql, rows)
 
 
-def test_job_range_uses_the_previous_success_and_its_own_policy(platform_engine: Engine) -> None:
-    """from = until of the latest SUCCEEDED job of (namespace, kind) created before this one,
-    computed with that job's policy revision; FAILED/ABANDONED, later, other-kind and
-    other-namespace jobs do not count; a created_at tie is broken by id."""
+def test_job_range_uses_the_earlier_successes_and_their_own_policies(
+    platform_engine: Engine,
+) -> None:
+    """from = the greatest until among the SUCCEEDED jobs of (namespace, kind) created before
+    this one, each computed with its own policy revision; FAILED/ABANDONED, later, other-kind
+    and other-namespace jobs do not count; a created_at tie is broken by id; a missing policy
+    row of an earlier success is POLICY_MISSING."""
     import datetime as dt
 
     from sqlalchemy import insert
@@ -380,3 +394,21 @@ def test_job_range_uses_the_previous_success_and_its_own_policy(platform_engine:
     high = job("PENDING", tie, policy=1, id=ids[1])
     assert rng(high) == ArchiveRange(tie - 5 * day, tie - 2 * day)  # from: low's own policy
     assert rng(low) == ArchiveRange(t0 + 3 * day, tie - 5 * day)  # the job created at t0+5d
+    job("SUCCEEDED", tie + day, policy=2)  # until tie - 4d: the greatest so far
+    with platform_engine.begin() as conn:
+        store.add_policy_revision(conn, ns, "tasks", 30 * 86400, "t")  # revision 3: 30 days
+    job("SUCCEEDED", tie + 3 * day, policy=3)  # the latest success; its until is tie - 27d
+    after_long = job("PENDING", tie + 4 * day, policy=1)  # from: not tie - 27d (roots twice)
+    assert rng(after_long) == ArchiveRange(tie - 4 * day, tie + 2 * day)
+    from orbit_tasks.archive.jobs import ErrorCode, JobFailure
+    from orbit_tasks.db.platform_tables import archive_policies
+
+    with platform_engine.begin() as conn:
+        conn.execute(
+            archive_policies.delete().where(
+                archive_policies.c.namespace_id == ns, archive_policies.c.revision == 3
+            )
+        )
+    with pytest.raises(JobFailure) as missing:
+        rng(after_long)  # its own policy exists; an earlier success's is gone
+    assert missing.value.code is ErrorCode.POLICY_MISSING
