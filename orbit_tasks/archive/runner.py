@@ -44,6 +44,7 @@ from orbit_tasks.archive.volume import (
     store_job_file,
 )
 from orbit_tasks.archive.wakeups import Publisher
+from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
@@ -86,6 +87,7 @@ def run_job(
     *,
     engine: Engine | None = None,
     publish: Publisher | None = None,
+    clock: Clock = DB_CLOCK,
 ) -> str:
     """Handle one wake-up. Returns an outcome word (for logs and tests): ``missing``,
     ``not_mounted``, ``not_claimed``, ``succeeded``, ``failed``, ``released``, ``lease_lost``,
@@ -111,7 +113,7 @@ def run_job(
                 storage_id=job.storage_id,
             )
             return "not_mounted"
-        c = store.claim(engine, ns_id, job_id, settings.archive_lease_seconds)
+        c = store.claim(engine, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
         if c is None:
             log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
             return "not_claimed"
@@ -125,8 +127,8 @@ def run_job(
         )
         failpoints.hit("archive.after_claim")
         if c.takeover and is_stalled(c.job.attempts, c.job.batches, settings.archive_max_stalls):
-            return _fail(engine, c, ErrorCode.STALLED)
-        return _loop(engine, c, Path(volume), settings, publish)
+            return _fail(engine, c, ErrorCode.STALLED, clock)
+        return _loop(engine, c, Path(volume), settings, publish, clock)
     except Exception as exc:
         if is_transient_db(exc):
             log_action(
@@ -143,15 +145,20 @@ def run_job(
 
 
 def _loop(
-    engine: Engine, c: store.Claim, volume: Path, settings: Settings, publish: Publisher | None
+    engine: Engine,
+    c: store.Claim,
+    volume: Path,
+    settings: Settings,
+    publish: Publisher | None,
+    clock: Clock = DB_CLOCK,
 ) -> str:
     deadline = time.monotonic() + settings.archive_slice_seconds
     full_verify = c.takeover
     while True:
         try:
-            outcome, nxt = _one_claim(engine, c, volume, settings, full_verify, deadline)
+            outcome, nxt = _one_claim(engine, c, volume, settings, full_verify, deadline, clock)
         except JobFailure as failure:
-            return _fail(engine, c, failure.code)
+            return _fail(engine, c, failure.code, clock)
         except LeaseLost:
             _lost(c)
             return "lease_lost"
@@ -187,9 +194,9 @@ def _publish_continuation(job: Job, publish: Publisher | None) -> None:
         )
 
 
-def _fail(engine: Engine, c: store.Claim, code: ErrorCode) -> str:
+def _fail(engine: Engine, c: store.Claim, code: ErrorCode, clock: Clock) -> str:
     try:
-        store.fail(engine, c, code)
+        store.fail(engine, c, code, clock=clock)
     except LeaseLost:
         _lost(c)
         return "lease_lost"
@@ -225,6 +232,7 @@ def _one_claim(
     settings: Settings,
     full_verify: bool,
     deadline: float,
+    clock: Clock,
 ) -> tuple[str, store.Claim | None]:
     job = c.job
     try:
@@ -237,12 +245,14 @@ def _one_claim(
             raise JobFailure(ErrorCode.STORAGE_MISMATCH)
         directory = job_dir(volume, job.namespace_id, job.id)
         # Step 2: the confirmed prefix; leftovers of dead claims go.
-        tail = _verify_prefix(directory, job, full_verify, lambda: store.check_lease(engine, c))
+        tail = _verify_prefix(
+            directory, job, full_verify, lambda: store.check_lease(engine, c, clock=clock)
+        )
         with engine.connect() as conn:
             rng = store.job_range(conn, job)
             written = None if tail.final else _next_file(conn, job, rng, tail.cursor)
         if written is None:  # the confirmed tail is final (or an empty range after the manifest)
-            return _finish(engine, c, directory)
+            return _finish(engine, c, directory, clock)
         # Step 4: budget, durable write, then the fenced confirm.
         if over_budget(job.bytes, len(written.data), job.max_bytes):
             raise JobFailure(ErrorCode.BUDGET_EXCEEDED)
@@ -279,6 +289,7 @@ def _one_claim(
             sha256=ff.sha256_hex(written.data),
             after=after,
             lease_seconds=settings.archive_lease_seconds,
+            clock=clock,
         )
     except LeaseLost:
         _remove_unless_confirmed(engine, c, directory, written.name, stored)
@@ -297,7 +308,7 @@ def _one_claim(
     failpoints.hit("archive.after_confirm")
     if after == "keep":
         assert nxt is not None
-        return _finish(engine, nxt, directory)
+        return _finish(engine, nxt, directory, clock)
     if after == "release":
         return "released", None
     return "chained", nxt
@@ -477,7 +488,7 @@ def _require_verified(report: Any, job: Job) -> None:
         raise JobFailure(ErrorCode.CHAIN_BROKEN)
 
 
-def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]:
+def _finish(engine: Engine, c: store.Claim, directory: Path, clock: Clock) -> tuple[str, None]:
     """Step 5: re-verify the whole chain from disk, roots == roots_total, then SUCCEEDED."""
     job = c.job
     try:
@@ -497,7 +508,7 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
     _require_verified(report, job)
     # Only a verified chain tells confirmed files from strays: a walk that stopped at a corrupt
     # file would take the confirmed files before it for leftovers.
-    store.check_lease(engine, c)
+    store.check_lease(engine, c, clock=clock)
     for n in names:
         if n not in chain:
             _unlink(directory, n)  # stray leftovers of dead claims, never a confirmed file
@@ -505,7 +516,7 @@ def _finish(engine: Engine, c: store.Claim, directory: Path) -> tuple[str, None]
     if job.roots != manifest["roots_total"] or (job.batches > 0 and not report.final):
         raise JobFailure(ErrorCode.SOURCE_CHANGED)
     failpoints.hit("archive.before_finalize")
-    store.finalize(engine, c)
+    store.finalize(engine, c, clock=clock)
     log_action(
         log,
         "archive.job.succeeded",
