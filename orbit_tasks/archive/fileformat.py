@@ -408,17 +408,66 @@ def build_batch(
             t: [_encode_row(row, t) for row in rows] for t, rows in sorted(rec.children.items())
         }
         lines.append(canonical_json({"root": _encode_row(rec.root, "root"), "children": children}))
+    return build_batch_file(
+        job_id=job_id,
+        seq=seq,
+        prev_sha256=prev_sha256,
+        lines=lines,
+        first=keys[0],
+        last=keys[-1],
+        final=final,
+    )
+
+
+def build_batch_file(
+    *,
+    job_id: bytes,
+    seq: int,
+    prev_sha256: str,
+    lines: Sequence[bytes],
+    first: tuple[str, str],
+    last: tuple[str, str],
+    final: bool,
+) -> bytes:
+    """Batch file bytes from canonical root lines already encoded (by :func:`build_batch` or
+    :class:`orbit_tasks.archive.batch_lines.LineEncoder`), in (settled, id) order, with the
+    keys of the first and last root. The header is built here; gzip as described above."""
+    if not lines:
+        raise ValueError("a batch needs at least one root (empty ranges have no batches)")
+    _check_sha(prev_sha256)
+    batch_name(seq, prev_sha256)  # validates seq
     header = {
         "format": FORMAT,
         "job_id": _hex_id(job_id, "job_id"),
         "seq": seq,
         "prev_sha256": prev_sha256,
-        "roots": len(records),
-        "first": list(keys[0]),
-        "last": list(keys[-1]),
+        "roots": len(lines),
+        "first": list(first),
+        "last": list(last),
         "final": bool(final),
     }
     return _gzip(canonical_json(header) + b"".join(lines))
+
+
+def batch_header(data: bytes) -> dict[str, Any]:
+    """Only the header line of a batch file, inflating no further than it (the chain walk back
+    from a tail reads ``prev_sha256`` without decoding the roots). Checks the header's own form;
+    the file's hash, CRC and lines are the full decoder's business."""
+    _need(len(data) >= 18 and data[:4] == b"\x1f\x8b\x08\x00", "batch is not gzip (deflate)")
+    dec = zlib.decompressobj(-zlib.MAX_WBITS)
+    out, pos = b"", 10
+    try:
+        while b"\n" not in out and pos < len(data) and len(out) < 65536:
+            out += dec.decompress(data[pos : pos + 4096], 65536 - len(out))
+            pos += 4096
+    except zlib.error:
+        raise FormatError("batch gzip stream is corrupt") from None
+    _need(b"\n" in out, "batch header line is missing")
+    header = _loads_canonical(out[: out.index(b"\n") + 1], "batch header")
+    _need(isinstance(header, dict) and set(header) == HEADER_KEYS, "batch header keys differ")
+    prev = header["prev_sha256"]
+    _need(isinstance(prev, str) and bool(_HEX64.match(prev)), "batch header prev_sha256 bad")
+    return dict(header)
 
 
 def _is_key(v: Any) -> bool:
@@ -536,14 +585,23 @@ class VerifyReport:
     final: bool
     cursor: tuple[datetime, builtins.bytes] | None = None
     beyond: tuple[str, ...] = ()
+    strays: tuple[str, ...] = ()  # with allow_strays: other files at confirmed chain positions
+    roots_total: int | None = None  # the manifest's, once the manifest verified
 
 
-def verify_chain(files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation) -> VerifyReport:
+def verify_chain(
+    files: Sequence[tuple[str, bytes | Callable[[], bytes]]],
+    *,
+    expect: ChainExpectation,
+    allow_strays: bool = False,
+) -> VerifyReport:
     """Verify a whole chain given (name, bytes) pairs in any order (see the module docstring).
-    Instead of bytes a pair may carry a zero-argument loader, called when the file is checked."""
+    Instead of bytes a pair may carry a zero-argument loader, called when the file is checked.
+    ``allow_strays`` (the runner): other files at confirmed positions are listed in
+    ``strays`` instead of failing the chain."""
     from orbit_tasks.archive import chain
 
-    return chain.verify_chain(files, expect=expect)
+    return chain.verify_chain(files, expect=expect, allow_strays=allow_strays)
 
 
 def verify_prefix(
@@ -551,8 +609,9 @@ def verify_prefix(
     *,
     expect: ChainExpectation,
     full: bool = False,
+    allow_strays: bool = False,
 ) -> VerifyReport:
     """The runner's step 2: the tail only (``full=False``) or the whole confirmed prefix."""
     from orbit_tasks.archive import chain
 
-    return chain.verify_prefix(files, expect=expect, full=full)
+    return chain.verify_prefix(files, expect=expect, full=full, allow_strays=allow_strays)

@@ -658,8 +658,13 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     assert stale is not None
     owner = job_store.claim(ae.engine, ns, job.id, lease_seconds=60)  # takeover
     assert owner is not None and owner.takeover
+    from types import SimpleNamespace
+
     with ae.engine.connect() as conn:
-        written = runner._next_file(conn, owner.job, job_store.job_range(conn, owner.job), None)
+        with conn.begin():
+            rng = job_store.job_range(conn, owner.job)
+        data, _ = runner.manifest_file(conn, owner.job, rng)
+    written = SimpleNamespace(name=ff.manifest_name(ff.sha256_hex(data)), data=data)
     assert written is not None  # the manifest: identical bytes for both claims
     d = job_dir(vol, ns, job.id)
     mine = store_job_file(d, written.name, written.data)  # the stale claim's late write
@@ -671,7 +676,8 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
             ae.engine, stale, is_batch=False, roots=0, size=len(written.data),
             sha256=ff.sha256_hex(written.data), after="keep", lease_seconds=60,
         )  # fmt: skip
-    runner._remove_unless_confirmed(ae.engine, stale, d, written.name, mine)
+    with ae.engine.connect() as conn:
+        runner.remove_unless_confirmed(conn, stale, d, written.name, mine)
     job_store.confirm(
         ae.engine, owner, is_batch=False, roots=0, size=len(written.data),
         sha256=ff.sha256_hex(written.data), after="release", lease_seconds=60,

@@ -1,0 +1,212 @@
+"""Read-ahead of an archive claim chain (SPEC §5 step 3): the next batch files, built in a thread.
+
+While the runner writes batch *n* durably and confirms it, this thread reads and encodes the
+roots of the batches after it and builds their files (header, gzip, SHA-256): reading, gzip,
+hashing, ``fsync`` and the database round trips release the GIL, so the stages overlap. The
+thread has its own connection for the whole chain and asks for several batches' roots per
+keyset query (:func:`claim_rules.read_ahead_roots`), while files still hold ``batch_size``
+roots (halved to fit the per-file cap). It writes nothing: not to the database, not to the
+volume. Files reach the volume only through the runner, in order, one confirm at a time, so a
+file is never written ahead of the confirm of the one before it.
+
+Each prepared file links to the one before it (``prev_sha256``) as the thread built it; the
+runner checks that the chain it confirmed is the one the file extends. Errors (a value that
+cannot be encoded, a root over the cap, a database fault) travel to the runner in order, after
+the files prepared before them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from orbit_tasks import failpoints
+from orbit_tasks.archive import claim_rules, source
+from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive.batch_lines import Key
+from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
+from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.logs import log_action
+
+log = logging.getLogger("orbit.archive.readahead")
+
+DEPTH = 2  # prepared files waiting for the runner; their bytes are what the read-ahead holds
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    seq: int
+    prev_sha256: str
+    name: str
+    data: bytes
+    sha256: str
+    roots: int
+    final: bool
+
+
+@dataclass(frozen=True)
+class _Exhausted:
+    """The source has no root after the last prepared file."""
+
+
+@dataclass(frozen=True)
+class _Raised:
+    error: BaseException
+
+
+class ReadAhead:
+    """Prepares the batch files after ``job``'s confirmed tail (``cursor`` = its last root).
+
+    Use as a context manager; :meth:`next` returns the next :class:`PreparedBatch`, or None when
+    the source has no more roots, and raises what the thread raised. Leaving the context stops
+    the thread (it is a daemon: a thread stuck in a query never blocks the worker's exit).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        job: Job,
+        rng: ArchiveRange,
+        cursor: source.Cursor | None,
+        cap: int,
+    ) -> None:
+        self._engine = engine
+        self._job = job
+        self._rng = rng
+        self._cursor = cursor
+        self._cap = cap
+        self._out: queue.Queue[PreparedBatch | _Exhausted | _Raised] = queue.Queue(DEPTH)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"archive-read-ahead-{job.id.hex()[:8]}", daemon=True
+        )
+
+    def __enter__(self) -> ReadAhead:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next(self) -> PreparedBatch | None:
+        item = self._out.get()
+        if isinstance(item, _Raised):
+            raise item.error
+        if isinstance(item, _Exhausted):
+            return None
+        return item
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        while True:  # unblock a put() waiting for room
+            try:
+                self._out.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout)
+
+    # --- the thread ------------------------------------------------------------------------
+
+    def _put(self, item: PreparedBatch | _Exhausted | _Raised) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._out.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as exc:  # delivered to the runner, which decides what it means
+            if not self._stop.is_set():
+                self._put(_Raised(exc))
+
+    def _produce(self) -> None:
+        job = self._job
+        encoder = source.line_encoder(job.kind)
+        pending: deque[tuple[Key, bytes]] = deque()
+        seq, prev = job.batches + 1, job.last_sha256
+        cursor, has_more = self._cursor, True
+        encoded_bytes = encoded_roots = 0
+        with self._engine.connect() as conn:
+            while not self._stop.is_set():
+                while len(pending) < job.batch_size and has_more:
+                    limit = claim_rules.read_ahead_roots(
+                        job.batch_size, encoded_bytes, encoded_roots
+                    )
+                    with conn.begin():  # short: SQLite's BEGIN IMMEDIATE must not linger
+                        chunk = source.read_chunk(
+                            conn, job.kind, job.namespace_id, self._rng, cursor, limit
+                        )
+                    for key, line in _encode(encoder, chunk, pending):
+                        pending.append((key, line))
+                        encoded_bytes += len(line)
+                        encoded_roots += 1
+                    has_more, cursor = chunk.has_more, chunk.cursor or cursor
+                if not pending:
+                    self._put(_Exhausted())
+                    return
+                take = min(job.batch_size, len(pending))
+                batch = [pending[i] for i in range(take)]
+                final = not has_more and take == len(pending)
+
+                data, roots, final = claim_rules.fit_to_cap(
+                    _builder(job, seq, prev, batch), take, final, self._cap
+                )
+                for _ in range(roots):
+                    pending.popleft()
+                sha = ff.sha256_hex(data)
+                prepared = PreparedBatch(
+                    seq, prev, ff.batch_name(seq, sha), data, sha, roots, final
+                )
+                if not self._put(prepared):
+                    return
+                failpoints.hit("archive.read_ahead")
+                if final:
+                    return
+                seq, prev = seq + 1, sha
+
+
+def _builder(
+    job: Job, seq: int, prev: str, batch: list[tuple[Key, bytes]]
+) -> Callable[[int, bool], bytes]:
+    """Builds the file of the first ``n`` roots of ``batch`` (for :func:`fit_to_cap`)."""
+
+    def build(n: int, final: bool) -> bytes:
+        return ff.build_batch_file(
+            job_id=job.id, seq=seq, prev_sha256=prev, lines=[line for _, line in batch[:n]],
+            first=batch[0][0], last=batch[n - 1][0], final=final,
+        )  # fmt: skip
+
+    return build
+
+
+def _encode(
+    encoder: Any, chunk: source.RootChunk, pending: deque[tuple[Key, bytes]]
+) -> list[tuple[Key, bytes]]:
+    """The chunk's roots as (key, canonical line), in strictly increasing key order after the
+    roots already pending. A value that cannot be encoded is ``SOURCE_INVALID``."""
+    out: list[tuple[Key, bytes]] = []
+    last = pending[-1][0] if pending else None
+    try:
+        for root in chunk.roots:
+            key = encoder.key(root)
+            if last is not None and key <= last:
+                raise ff.SourceInvalid("roots are not in strictly increasing (settled, id) order")
+            rid = bytes.fromhex(key[1])
+            kids = {table: rows.get(rid, ()) for table, rows in chunk.children.items()}
+            out.append((key, encoder.line(root, kids)))
+            last = key
+    except ff.SourceInvalid as exc:
+        log_action(log, "archive.job.source_invalid", logging.WARNING, reason=str(exc))
+        raise JobFailure(ErrorCode.SOURCE_INVALID) from None
+    return out
