@@ -17,6 +17,7 @@ the files prepared before them.
 
 from __future__ import annotations
 
+import enum
 import logging
 import queue
 import threading
@@ -61,6 +62,13 @@ class _Raised:
     error: BaseException
 
 
+class NotReady(enum.Enum):
+    NOT_READY = "not_ready"
+
+
+NOT_READY = NotReady.NOT_READY  # ReadAhead.ready(): nothing prepared yet
+
+
 class ReadAhead:
     """Prepares the batch files after ``job``'s confirmed tail (``cursor`` = its last root).
 
@@ -96,7 +104,19 @@ class ReadAhead:
         self.close()
 
     def next(self) -> PreparedBatch | None:
-        item = self._out.get()
+        """The next prepared file, waiting for it; None when the source has no more roots."""
+        return self._open(self._out.get())
+
+    def ready(self) -> PreparedBatch | None | NotReady:
+        """Like :meth:`next`, but :data:`NOT_READY` instead of waiting."""
+        try:
+            item = self._out.get_nowait()
+        except queue.Empty:
+            return NOT_READY
+        return self._open(item)
+
+    @staticmethod
+    def _open(item: PreparedBatch | _Exhausted | _Raised) -> PreparedBatch | None:
         if isinstance(item, _Raised):
             raise item.error
         if isinstance(item, _Exhausted):

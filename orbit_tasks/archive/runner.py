@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from orbit_tasks.archive.jobs import (
     over_budget,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.readahead import ReadAhead
+from orbit_tasks.archive.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
 from orbit_tasks.archive.volume import (
     ArchiveIOError,
     DiskFull,
@@ -228,9 +229,11 @@ def _claims(ch: _Chain) -> str:
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
             data, total = manifest_file(ch.conn, ch.claim.job, ch.rng)
             sha = ff.sha256_hex(data)
-            outcome = _write_and_confirm(
-                ch, ff.manifest_name(sha), sha, data, roots=0, final=total == 0, is_batch=False
-            )
+            manifest = _File(ff.manifest_name(sha), sha, data, 0, total == 0, False)
+            _refuse(_admit(ch, manifest, ch.claim.job.bytes))
+            stored = store_job_file(ch.directory, manifest.name, manifest.data)
+            _written(ch, manifest)
+            outcome = _confirm(ch, manifest, stored, None)
             if outcome != "chained":
                 return outcome
         if ch.tail_final:
@@ -244,23 +247,62 @@ def _claims(ch: _Chain) -> str:
         raise JobFailure(ErrorCode.IO_ERROR) from None
 
 
+@dataclass(frozen=True)
+class _File:
+    """A chain file about to be written and confirmed."""
+
+    name: str
+    sha256: str
+    data: bytes
+    roots: int
+    final: bool
+    is_batch: bool
+    seq: int = 0
+    prev_sha256: str = ""
+
+
+def _batch_file(p: PreparedBatch) -> _File:
+    return _File(p.name, p.sha256, p.data, p.roots, p.final, True, p.seq, p.prev_sha256)
+
+
 def _batches(ch: _Chain) -> str:
-    """Steps 3-4 for each batch, its file prepared ahead by the read-ahead thread."""
+    """Steps 3-4 for each batch. The read-ahead thread prepares the files; a writer thread
+    writes file n+1 durably while file n's confirm is in flight (write-ahead by one file: if the
+    lease is lost, it is a leftover beyond the prefix, removed by step 6 or the next owner).
+    Every error of file n+1 (step 1, budget, the write itself) takes effect only after file n
+    is confirmed, as if the files were handled one after the other."""
     job = ch.claim.job
     assert ch.rng is not None
-    with ReadAhead(ch.engine, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead:
+    with (
+        ReadAhead(ch.engine, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead,
+        ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
+    ):
+        upcoming: PreparedBatch | None | NotReady = ahead.next()
+        writing: Future[StoredFile] | None = None
         while True:
-            prepared = ahead.next()
-            if prepared is None:  # the source ran out before a final batch: the final step
+            if upcoming is NOT_READY:
+                upcoming = ahead.next()
+            if upcoming is None:  # the source ran out before a final batch: the final step
                 return _finish(ch)  # tells SOURCE_CHANGED
             job = ch.claim.job
+            current = _batch_file(upcoming)
             # the thread builds on the chain this claim extends (it started from our tail)
-            assert (prepared.seq, prepared.prev_sha256) == (job.batches + 1, job.last_sha256)
-            _check_volume(ch)  # step 1 of this claim
-            outcome = _write_and_confirm(
-                ch, prepared.name, prepared.sha256, prepared.data, roots=prepared.roots,
-                final=prepared.final, is_batch=True,
-            )  # fmt: skip
+            assert (current.seq, current.prev_sha256) == (job.batches + 1, job.last_sha256)
+            if writing is None:  # not written ahead: step 1, budget and the write now
+                _refuse(_admit(ch, current, job.bytes))
+                writing = writer.submit(store_job_file, ch.directory, current.name, current.data)
+            stored = writing.result()
+            _written(ch, current)
+            writing, upcoming = None, NOT_READY
+            if not current.final and time.monotonic() < ch.deadline:
+                upcoming = ahead.ready()  # write the next file ahead only if it is ready
+                if isinstance(upcoming, PreparedBatch):
+                    follow = _batch_file(upcoming)
+                    if _admit(ch, follow, job.bytes + len(current.data)) is None:
+                        writing = writer.submit(
+                            store_job_file, ch.directory, follow.name, follow.data
+                        )  # else: refused again, after this confirm, in the next round
+            outcome = _confirm(ch, current, stored, writing)
             if outcome != "chained":
                 return outcome
 
@@ -334,38 +376,59 @@ def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes,
     return data, total
 
 
-def _write_and_confirm(
-    ch: _Chain, name: str, sha256: str, data: bytes, *, roots: int, final: bool, is_batch: bool
-) -> str:
-    """Step 4: budget, durable write, then the fenced confirm that chains the next claim (or
-    keeps the lease for the final step, or releases the job at the end of the time slice).
-    Returns ``chained``, or the outcome of the final step / ``released``."""
-    c = ch.claim
-    job = c.job
-    if over_budget(job.bytes, len(data), job.max_bytes):
-        raise JobFailure(ErrorCode.BUDGET_EXCEEDED)
-    stored = store_job_file(ch.directory, name, data)
+def _admit(ch: _Chain, f: _File, bytes_before: int) -> ErrorCode | None:
+    """Step 1 of the claim that writes ``f`` and the budget rule (``bytes + size >
+    max_bytes`` fails), checked before the write; returns the failure instead of raising it."""
+    try:
+        _check_volume(ch)
+    except JobFailure as failure:
+        return failure.code
+    if over_budget(bytes_before, len(f.data), ch.claim.job.max_bytes):
+        return ErrorCode.BUDGET_EXCEEDED
+    return None
+
+
+def _written(ch: _Chain, f: _File) -> None:
+    """The file is durable and not confirmed (before anything is written ahead of it)."""
+    job = ch.claim.job
     log_action(
         log, "archive.job.file_written", namespace_id=job.namespace_id, job_id=job.id,
-        file=name, size=len(data), roots=roots,
+        file=f.name, size=len(f.data), roots=f.roots,
     )  # fmt: skip
     failpoints.hit("archive.after_file_write")
-    after: store.After = "keep" if final else "chain"
-    if not final and time.monotonic() >= ch.deadline:
+
+
+def _refuse(code: ErrorCode | None) -> None:
+    if code is not None:
+        raise JobFailure(code)
+
+
+def _confirm(ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile] | None) -> str:
+    """Step 4 after the durable write: the fenced confirm that chains the next claim (or keeps
+    the lease for the final step, or releases the job at the end of the time slice). Returns
+    ``chained``, or the outcome of the final step / ``released``. ``follow`` is the write of
+    the next file, already under way (only when chaining)."""
+    c = ch.claim
+    job = c.job
+    after: store.After = "keep" if f.final else "chain"
+    if not f.final and follow is None and time.monotonic() >= ch.deadline:
         after = "release"
     try:
         nxt = store.confirm(
-            ch.conn, c, is_batch=is_batch, roots=roots, size=len(data),
-            sha256=sha256, after=after, lease_seconds=ch.settings.archive_lease_seconds,
-            clock=ch.clock,
+            ch.conn, c, is_batch=f.is_batch, roots=f.roots, size=len(f.data), sha256=f.sha256,
+            after=after, lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
         )  # fmt: skip
     except LeaseLost:
-        remove_unless_confirmed(ch.conn, c, ch.directory, name, stored)
+        remove_unless_confirmed(ch.conn, c, ch.directory, f.name, stored)
+        if follow is not None:
+            with contextlib.suppress(Exception):  # a failed write left nothing to remove
+                ahead = follow.result()
+                remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
         raise
     log_action(
-        log, "archive.job.confirmed", namespace_id=job.namespace_id, job_id=job.id, file=name,
-        batches=job.batches + (1 if is_batch else 0), roots=job.roots + roots,
-        bytes=job.bytes + len(data), after=after,
+        log, "archive.job.confirmed", namespace_id=job.namespace_id, job_id=job.id,
+        file=f.name, batches=job.batches + (1 if f.is_batch else 0), roots=job.roots + f.roots,
+        bytes=job.bytes + len(f.data), after=after,
     )  # fmt: skip
     failpoints.hit("archive.after_confirm")
     if after == "release":
