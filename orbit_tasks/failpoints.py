@@ -10,7 +10,8 @@ Actions:
 - ``exit`` — ``os._exit(137)`` immediately (a crash without cleanup).
 
 Names used by the archive runner: ``archive.after_claim``, ``archive.after_file_write`` (durably
-written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``.
+written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``, and in its
+read-ahead thread ``archive.read_ahead`` (a prepared batch file handed over, not written).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
 from orbit_tasks.archive import job_store, runner, source
 from orbit_tasks.archive.jobs import JobState
@@ -50,11 +50,45 @@ def test_batch_keyset_query_uses_the_settled_index(platform_engine: Engine) -> N
     assert set(SETTLED_INDEX) == set(HISTORY_KINDS)
     with platform_engine.connect() as conn:
         for kind, index in SETTLED_INDEX.items():
-            q = source.roots_query(kind, b"\x02" * 16, rng, cursor, 101)
-            sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
-            assert " OR " in sql and "(" in sql  # expanded keyset form, no row constructor
-            rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
-            assert rows[0]["key"] == index, (kind, rows)
+            # the read-ahead's query: several batches (1,000 roots + 1 peeked) at once, datetimes
+            # formatted by the server; and the children of 1,000 roots at once
+            for q in (
+                source.roots_query(kind, b"\x02" * 16, rng, cursor, 101),
+                source.roots_query(kind, b"\x02" * 16, rng, cursor, 1001, server_times=True),
+            ):
+                sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
+                assert " OR " in sql and "(" in sql  # expanded keyset form, no row constructor
+                rows = conn.execute(text("EXPLAIN " + sql.replace("%", "%%"))).mappings().all()
+                assert rows[0]["key"] == index and "filesort" not in rows[0]["Extra"], (kind, rows)
+
+
+def test_read_ahead_children_query_uses_the_primary_key(platform_engine: Engine) -> None:
+    """The children of 1,000 roots in one query: a range on PRIMARY (namespace_id, parent, no),
+    on tables with rows (an empty table makes any plan a full scan)."""
+    import random
+
+    from orbit_tasks.db.engine import db_now
+    from orbit_tasks.platform import generator, store
+
+    with platform_engine.begin() as conn:
+        ns = store.create_namespace(conn, "explain-children")
+        q = store.create_queue(conn, ns, "default")
+        for kind in ("tasks", "workflows", "deliveries"):
+            spec = generator.make_spec(kind, 2500, days=3)
+            generator.seed_history(conn, spec, ns, [q], random.Random(1), db_now(conn))
+            conn.execute(text(f"ANALYZE TABLE {HISTORY_KINDS[kind].children[0].table.name}"))
+    with platform_engine.connect() as conn:
+        for kind in ("tasks", "workflows", "deliveries"):
+            hk = HISTORY_KINDS[kind]
+            ids = [r[0] for r in conn.execute(select(hk.root.c.id).limit(1000))]
+            (child,) = hk.children
+            cq = source.children_query(child.table, child.parent_column, ns, ids, server_times=True)
+            compiled = cq.compile(conn, compile_kwargs={"render_postcompile": True})
+            cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            params = [compiled.params[p] for p in compiled.positiontup or ()]
+            cur.execute("EXPLAIN " + str(compiled), params)
+            plan = cur.fetchall()[0]  # (id, select_type, table, type, possible_keys, key, ...)
+            assert plan[5] == "PRIMARY" and plan[3] in ("range", "ref"), (kind, plan)
 
 
 def test_time_slice_releases_and_continues(

@@ -120,6 +120,32 @@ def test_sigkill_at_a_step_boundary_then_takeover(
     assert_succeeded_exactly(ae, done, vol)
 
 
+def test_sigkill_while_read_ahead_batches_are_in_flight_then_takeover(ae: ArchiveEnv) -> None:
+    """The worker is killed with batch 1 written but not confirmed and the read-ahead thread
+    holding the batches after it (prepared, never written: the read-ahead writes nothing). The
+    takeover removes the unconfirmed file and finishes; one claim died."""
+    ns, _, vol, _ = _setup(ae, "readahead", roots=60)
+    written, ahead = ae.tmp / "m-written", ae.tmp / "m-ahead"
+    points = f"archive.after_file_write=pause@2:{written};archive.read_ahead=pause@3:{ahead}"
+    victim = ae.worker("victim", [vol], failpoints=points)
+    job = create_job(ae, ns, "tasks")
+    wait_marker(written)  # the main thread: batch 1 durable, its confirm not sent
+    wait_marker(ahead)  # the read-ahead thread: batches 2 and 3 prepared and handed over
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(timeout=10)
+    at_kill = ae.job(ns, job.id)
+    assert at_kill.state is JobState.RUNNING and at_kill.batches == 0 and at_kill.has_manifest
+    files = file_snapshot(vol, job)
+    confirmed = _confirmed(files, at_kill)
+    assert len(files) == len(confirmed) + 1  # batch 1 only: nothing was written ahead of it
+    ae.worker("rescuer", [vol])
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done
+    assert done.attempts == done.batches + 2  # the killed claim confirmed nothing
+    _assert_kept(vol, job, confirmed)
+    assert_succeeded_exactly(ae, done, vol)
+
+
 def test_duplicate_wakeup_has_one_owner(ae: ArchiveEnv) -> None:
     ns, _, vol, sid = _setup(ae, "dup", roots=40)
     w1 = ae.worker("one", [vol])
