@@ -17,7 +17,7 @@ encoded exactly (floats, decimals...). Errors name ``table.column``, never the v
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) uses
 from typing import Any
@@ -28,21 +28,31 @@ Key = tuple[str, str]  # (settled as YYYY-MM-DDTHH:MM:SS.ffffffZ, id hex): a roo
 _TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 
 
-def _json_value(value: Any) -> str:
-    kind = type(value)
-    if kind is str:
-        return str(encode_basestring(value))
-    if kind is bytes:
-        return '"' + value.hex() + '"'
-    if kind is int:
-        return int.__repr__(value)
-    if value is None:
-        return "null"
-    if kind is datetime and value.tzinfo is None:
-        return '"' + format_ts(value) + '"'
-    if kind is bool:
-        return "true" if value else "false"
+def _generic(value: Any) -> str:
+    """Anything the fast table below does not cover: the format's general rule (raises
+    SourceInvalid for floats, decimals and other values that cannot be encoded exactly)."""
     return canonical_json(encode_value(value))[:-1].decode("utf-8")
+
+
+def _datetime(value: datetime) -> str:
+    if value.tzinfo is not None:
+        return _generic(value)
+    return '"' + format_ts(value) + '"'
+
+
+# exact type -> JSON text; ``str`` is the C escaper json.dumps(ensure_ascii=False) itself uses
+_BY_TYPE: dict[type, Callable[[Any], str]] = {
+    str: encode_basestring,
+    bytes: lambda v: '"' + v.hex() + '"',
+    int: int.__repr__,
+    type(None): lambda v: "null",
+    bool: lambda v: "true" if v else "false",
+    datetime: _datetime,
+}
+
+
+def _json_value(value: Any) -> str:
+    return _BY_TYPE.get(type(value), _generic)(value)
 
 
 class _Table:
@@ -55,8 +65,10 @@ class _Table:
         self.fields = [(i, encode_basestring(columns[i]) + ":") for i in order]
 
     def object(self, row: Sequence[Any]) -> str:
+        by_type, generic = _BY_TYPE, _generic
         try:
-            return "{" + ",".join(prefix + _json_value(row[i]) for i, prefix in self.fields) + "}"
+            values = [p + by_type.get(type(row[i]), generic)(row[i]) for i, p in self.fields]
+            return "{" + ",".join(values) + "}"
         except SourceInvalid:
             raise self.first_failure(row) or SourceInvalid(f"{self.name}: bad value") from None
 
@@ -88,6 +100,9 @@ class LineEncoder:
         self._id = list(root_columns).index("id")
         self._children = sorted((_Table(n, cols) for n, cols in children), key=lambda t: t.name)
         self._child_keys = [encode_basestring(t.name) + ":[" for t in self._children]
+
+    def root_id(self, root: Sequence[Any]) -> bytes:
+        return bytes(root[self._id])
 
     def key(self, root: Sequence[Any]) -> Key:
         """The root's (settled, id) key as the header's ``first``/``last`` spell it."""

@@ -100,7 +100,7 @@ def _missing_name(seq: int, groups: dict[int, list[_File]] | None = None) -> str
     """Name of a missing file: exact when a successor's header names it, else a pattern."""
     for _, _, data in (groups or {}).get(seq + 1, []):
         try:
-            prev = decode_batch(_load(data)).header["prev_sha256"]
+            prev = batch_header(_load(data))["prev_sha256"]
         except (FormatError, _Bad):
             continue
         return tail_name(seq, prev)
@@ -132,14 +132,15 @@ def _check_manifest(name: str, data: bytes, expect: ChainExpectation) -> dict[st
 
 
 def _check_batch(
-    seq: int, name: str, data: bytes, st: _State, expect: ChainExpectation
+    seq: int, name: str, data: bytes, st: _State, expect: ChainExpectation, lines: str
 ) -> tuple[dict[str, Any], tuple[str, str]]:
-    """Validate batch ``seq`` against the chain so far; returns (header, last key)."""
+    """Validate batch ``seq`` against the chain so far; returns (header, last key). The line
+    checks cover the lines ``decode_batch(lines=...)`` parsed."""
     man = st.manifest
     assert man is not None
     src = man["source"]
     try:
-        batch = decode_batch(data, settled_column=src["settled_column"])
+        batch = decode_batch(data, settled_column=src["settled_column"], lines=lines)
     except FormatError as exc:
         raise _Bad(name, exc.args[0]) from None
     h = batch.header
@@ -199,7 +200,7 @@ def _check_row(expect: ChainExpectation) -> None:
 
 
 def _step(
-    seq: int, f: _File, st: _State, expect: ChainExpectation
+    seq: int, f: _File, st: _State, expect: ChainExpectation, lines: str = "all"
 ) -> tuple[dict[str, Any], tuple[str, str] | None, int]:
     name, parsed, source = f
     data = _load(source, name)
@@ -207,7 +208,7 @@ def _step(
         raise _Bad(name, "contents do not hash to the sha256 in the name")
     if seq == 0:
         return _check_manifest(name, data, expect), None, len(data)
-    header, key = _check_batch(seq, name, data, st, expect)
+    header, key = _check_batch(seq, name, data, st, expect, lines)
     return header, key, len(data)
 
 
@@ -237,6 +238,7 @@ def _walk(
     expect: ChainExpectation,
     st: _State,
     allow_strays: bool = False,
+    lines: str = "all",
 ) -> None:
     _check_row(expect)
     groups = _parse_all(files)
@@ -263,7 +265,7 @@ def _walk(
         first_bad: _Bad | None = None
         for cand in order:
             try:
-                doc, key, size = _step(seq, cand, st, expect)
+                doc, key, size = _step(seq, cand, st, expect, lines)
             except _Bad as bad:
                 first_bad = first_bad or bad
                 continue
@@ -307,10 +309,11 @@ def verify_chain(
     *,
     expect: ChainExpectation,
     allow_strays: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     st = _State()
     try:
-        _walk(files, expect, st, allow_strays)
+        _walk(files, expect, st, allow_strays, lines)
     except _Bad as bad:
         return st.report(bad)
     return st.report()
@@ -322,9 +325,12 @@ def verify_prefix(
     expect: ChainExpectation,
     full: bool = False,
     allow_strays: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     if full:
-        return verify_chain(files, expect=_not_complete(expect), allow_strays=allow_strays)
+        return verify_chain(
+            files, expect=_not_complete(expect), allow_strays=allow_strays, lines=lines
+        )
     st = _State()
     try:
         _check_row(expect)
@@ -342,7 +348,7 @@ def verify_prefix(
             st.manifest = _check_manifest(name, data, expect)
         else:
             try:
-                header = decode_batch(data).header
+                header = decode_batch(data, lines=lines).header
             except FormatError as exc:
                 raise _Bad(name, exc.args[0]) from None
             if header["job_id"] != expect.job_id.hex() or header["seq"] != expect.batches:

@@ -504,9 +504,15 @@ def _is_key(v: Any) -> bool:
     )
 
 
-def decode_batch(data: bytes, *, settled_column: str | None = None) -> DecodedBatch:
+def decode_batch(
+    data: bytes, *, settled_column: str | None = None, lines: str = "all"
+) -> DecodedBatch:
     """Parse and validate a batch file. Structural checks always; with ``settled_column`` also
-    every root's key, strict (settled, id) order and that ``first``/``last`` match the lines."""
+    every parsed root's key, strict (settled, id) order and that ``first``/``last`` match the
+    lines. ``lines="ends"`` parses only the first and the last line (the others are counted and
+    must be non-empty) and returns those two: every byte is still covered by the gzip CRC and
+    the file's SHA-256, but no other line is decoded (the runner's chain checks; ``orbit job
+    verify`` and export parse every line)."""
     payload = _gunzip(data)
     _need(payload.endswith(b"\n"), "batch does not end with a newline")
     raw_lines = payload[:-1].split(b"\n")
@@ -527,7 +533,10 @@ def decode_batch(data: bytes, *, settled_column: str | None = None) -> DecodedBa
     except UnicodeDecodeError:
         raise FormatError("batch line is not UTF-8 JSON") from None
     _need(len(raw_lines) - 1 == header["roots"], "batch line count differs from header roots")
-    lines: list[dict[str, Any]] = []
+    if lines == "ends":
+        _need(all(texts), "batch line is empty")
+        texts = [texts[0], texts[-1]] if len(texts) > 1 else texts
+    parsed: list[dict[str, Any]] = []
     for text in texts:
         line = _loads_canonical_text(text, "batch line")
         _need(isinstance(line, dict) and set(line) == {"root", "children"}, "batch line keys bad")
@@ -536,15 +545,15 @@ def decode_batch(data: bytes, *, settled_column: str | None = None) -> DecodedBa
         _need(isinstance(kids, dict), "batch line children bad")
         for rows in kids.values():
             _need(isinstance(rows, list) and all(isinstance(r, dict) for r in rows), "child bad")
-        lines.append(line)
+        parsed.append(line)
     if settled_column is not None:
-        keys = [(ln["root"].get(settled_column), ln["root"].get("id")) for ln in lines]
+        keys = [(ln["root"].get(settled_column), ln["root"].get("id")) for ln in parsed]
         for k in keys:
             _need(_is_key(list(k)), "root settled/id value bad")
         _need(all(a < b for a, b in zip(keys, keys[1:], strict=False)), "roots out of order")
         _need(list(keys[0]) == header["first"], "batch header first differs from first root")
         _need(list(keys[-1]) == header["last"], "batch header last differs from last root")
-    return DecodedBatch(header, lines)
+    return DecodedBatch(header, parsed)
 
 
 def batch_cursor(header: Mapping[str, Any]) -> tuple[datetime, bytes]:
@@ -622,14 +631,15 @@ def verify_chain(
     *,
     expect: ChainExpectation,
     allow_strays: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     """Verify a whole chain given (name, bytes) pairs in any order (see the module docstring).
     Instead of bytes a pair may carry a zero-argument loader, called when the file is checked.
     ``allow_strays`` (the runner): other files at confirmed positions are listed in
-    ``strays`` instead of failing the chain."""
+    ``strays`` instead of failing the chain. ``lines``: see :func:`decode_batch`."""
     from orbit_tasks.archive import chain
 
-    return chain.verify_chain(files, expect=expect, allow_strays=allow_strays)
+    return chain.verify_chain(files, expect=expect, allow_strays=allow_strays, lines=lines)
 
 
 def verify_prefix(
@@ -638,8 +648,11 @@ def verify_prefix(
     expect: ChainExpectation,
     full: bool = False,
     allow_strays: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     """The runner's step 2: the tail only (``full=False``) or the whole confirmed prefix."""
     from orbit_tasks.archive import chain
 
-    return chain.verify_prefix(files, expect=expect, full=full, allow_strays=allow_strays)
+    return chain.verify_prefix(
+        files, expect=expect, full=full, allow_strays=allow_strays, lines=lines
+    )

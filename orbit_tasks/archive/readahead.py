@@ -1,15 +1,14 @@
-"""Read-ahead of an archive claim chain (SPEC §5 step 3): the next batch files, built in a thread.
+"""Read-ahead of an archive claim chain (SPEC §5 step 3): the next batch files, built in threads.
 
-While the runner writes batch *n* durably and confirms it, this thread reads and encodes the
-roots of the batches after it and builds their files (header, gzip, SHA-256): reading, gzip,
-hashing, ``fsync`` and the database round trips release the GIL, so the stages overlap. The
-thread has its own connection for the whole chain and asks for several batches' roots per
-keyset query (:func:`claim_rules.read_ahead_roots`), while files still hold ``batch_size``
-roots (halved to fit the per-file cap). It writes nothing: not to the database, not to the
-volume. Files reach the volume only through the runner, in order, one confirm at a time, so a
-file is never written ahead of the confirm of the one before it.
+While the runner writes batch *n* durably and confirms it, two threads prepare the files after
+it: a *reader* (its own connection for the whole chain) asks for several batches' roots per
+keyset query (:func:`claim_rules.read_ahead_roots`) and encodes them into canonical lines; a
+*packer* cuts the lines into files of ``batch_size`` roots (halved to fit the per-file cap),
+gzips and hashes them. Reading, gzip, hashing, ``fsync`` and the database round trips release
+the GIL, so the stages overlap. The threads write nothing: not to the database, not to the
+volume. Files reach the volume only through the runner, in order.
 
-Each prepared file links to the one before it (``prev_sha256``) as the thread built it; the
+Each prepared file links to the one before it (``prev_sha256``) as the packer built it; the
 runner checks that the chain it confirmed is the one the file extends. Errors (a value that
 cannot be encoded, a root over the cap, a database fault) travel to the runner in order, after
 the files prepared before them.
@@ -31,14 +30,14 @@ from sqlalchemy import Engine
 from orbit_tasks import failpoints
 from orbit_tasks.archive import claim_rules, source
 from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive.batch_lines import Key
+from orbit_tasks.archive.batch_lines import Key, LineEncoder
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.logs import log_action
 
 log = logging.getLogger("orbit.archive.readahead")
 
-DEPTH = 2  # prepared files waiting for the runner; their bytes are what the read-ahead holds
+DEPTH = 2  # prepared files (and encoded chunks) waiting for the next stage
 
 
 @dataclass(frozen=True)
@@ -50,6 +49,14 @@ class PreparedBatch:
     sha256: str
     roots: int
     final: bool
+
+
+@dataclass(frozen=True)
+class _Lines:
+    """Encoded roots of one keyset query, in key order; ``has_more``: a root follows them."""
+
+    items: list[tuple[Key, bytes]]
+    has_more: bool
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,8 @@ class ReadAhead:
     """Prepares the batch files after ``job``'s confirmed tail (``cursor`` = its last root).
 
     Use as a context manager; :meth:`next` returns the next :class:`PreparedBatch`, or None when
-    the source has no more roots, and raises what the thread raised. Leaving the context stops
-    the thread (it is a daemon: a thread stuck in a query never blocks the worker's exit).
+    the source has no more roots, and raises what a thread raised. Leaving the context stops
+    the threads (daemons: a thread stuck in a query never blocks the worker's exit).
     """
 
     def __init__(
@@ -90,14 +97,20 @@ class ReadAhead:
         self._rng = rng
         self._cursor = cursor
         self._cap = cap
+        self._lines: queue.Queue[_Lines | _Raised] = queue.Queue(DEPTH)
         self._out: queue.Queue[PreparedBatch | _Exhausted | _Raised] = queue.Queue(DEPTH)
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"archive-read-ahead-{job.id.hex()[:8]}", daemon=True
-        )
+        tag = job.id.hex()[:8]
+        self._threads = [
+            threading.Thread(target=self._run, args=(self._read, self._lines), daemon=True,
+                             name=f"archive-read-{tag}"),
+            threading.Thread(target=self._run, args=(self._pack, self._out), daemon=True,
+                             name=f"archive-pack-{tag}"),
+        ]  # fmt: skip
 
     def __enter__(self) -> ReadAhead:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -125,75 +138,96 @@ class ReadAhead:
 
     def close(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        while True:  # unblock a put() waiting for room
-            try:
-                self._out.get_nowait()
-            except queue.Empty:
-                break
-        self._thread.join(timeout)
+        for q in (self._out, self._lines):  # unblock a put() waiting for room
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout)
 
-    # --- the thread ------------------------------------------------------------------------
+    # --- the threads -----------------------------------------------------------------------
 
-    def _put(self, item: PreparedBatch | _Exhausted | _Raised) -> bool:
+    def _put(self, q: queue.Queue[Any], item: Any) -> bool:
         while not self._stop.is_set():
             try:
-                self._out.put(item, timeout=0.2)
+                q.put(item, timeout=0.2)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def _run(self) -> None:
+    def _take(self, q: queue.Queue[Any]) -> Any:
+        while not self._stop.is_set():
+            try:
+                return q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+        return None
+
+    def _run(self, stage: Callable[[], None], out: queue.Queue[Any]) -> None:
         try:
-            self._produce()
+            stage()
         except BaseException as exc:  # delivered to the runner, which decides what it means
             if not self._stop.is_set():
-                self._put(_Raised(exc))
+                self._put(out, _Raised(exc))
 
-    def _produce(self) -> None:
+    def _read(self) -> None:
+        """Keyset queries of several batches' roots; each chunk encoded into lines."""
         job = self._job
         encoder = source.line_encoder(job.kind)
-        pending: deque[tuple[Key, bytes]] = deque()
-        seq, prev = job.batches + 1, job.last_sha256
-        cursor, has_more = self._cursor, True
+        cursor, last = self._cursor, None
         encoded_bytes = encoded_roots = 0
         with self._engine.connect() as conn:
             while not self._stop.is_set():
-                while len(pending) < job.batch_size and has_more:
-                    limit = claim_rules.read_ahead_roots(
-                        job.batch_size, encoded_bytes, encoded_roots
+                limit = claim_rules.read_ahead_roots(job.batch_size, encoded_bytes, encoded_roots)
+                with conn.begin():  # short: SQLite's BEGIN IMMEDIATE must not linger
+                    chunk = source.read_chunk(
+                        conn, job.kind, job.namespace_id, self._rng, cursor, limit
                     )
-                    with conn.begin():  # short: SQLite's BEGIN IMMEDIATE must not linger
-                        chunk = source.read_chunk(
-                            conn, job.kind, job.namespace_id, self._rng, cursor, limit
-                        )
-                    for key, line in _encode(encoder, chunk, pending):
-                        pending.append((key, line))
-                        encoded_bytes += len(line)
-                        encoded_roots += 1
-                    has_more, cursor = chunk.has_more, chunk.cursor or cursor
-                if not pending:
-                    self._put(_Exhausted())
+                items = _encode(encoder, chunk, last)
+                encoded_bytes += sum(len(line) for _, line in items)
+                encoded_roots += len(items)
+                if not self._put(self._lines, _Lines(items, chunk.has_more)) or not chunk.has_more:
                     return
-                take = min(job.batch_size, len(pending))
-                batch = [pending[i] for i in range(take)]
-                final = not has_more and take == len(pending)
+                cursor, last = chunk.cursor, items[-1][0]
 
-                data, roots, final = claim_rules.fit_to_cap(
-                    _builder(job, seq, prev, batch), take, final, self._cap
-                )
-                for _ in range(roots):
-                    pending.popleft()
-                sha = ff.sha256_hex(data)
-                prepared = PreparedBatch(
-                    seq, prev, ff.batch_name(seq, sha), data, sha, roots, final
-                )
-                if not self._put(prepared):
+    def _pack(self) -> None:
+        """Files of ``batch_size`` roots from the lines, in order, each linked to the last."""
+        job = self._job
+        pending: deque[tuple[Key, bytes]] = deque()
+        seq, prev = job.batches + 1, job.last_sha256
+        has_more = True
+        while not self._stop.is_set():
+            while len(pending) < job.batch_size and has_more:
+                item = self._take(self._lines)
+                if item is None:
                     return
-                failpoints.hit("archive.read_ahead")
-                if final:
-                    return
-                seq, prev = seq + 1, sha
+                if isinstance(item, _Raised):
+                    raise item.error
+                pending.extend(item.items)
+                has_more = item.has_more
+            if not pending:
+                self._put(self._out, _Exhausted())
+                return
+            take = min(job.batch_size, len(pending))
+            batch = [pending[i] for i in range(take)]
+            final = not has_more and take == len(pending)
+            data, roots, final = claim_rules.fit_to_cap(
+                _builder(job, seq, prev, batch), take, final, self._cap
+            )
+            for _ in range(roots):
+                pending.popleft()
+            sha = ff.sha256_hex(data)
+            prepared = PreparedBatch(seq, prev, ff.batch_name(seq, sha), data, sha, roots, final)
+            if not self._put(self._out, prepared):
+                return
+            failpoints.hit("archive.read_ahead")
+            if final:
+                return
+            seq, prev = seq + 1, sha
 
 
 def _builder(
@@ -211,18 +245,17 @@ def _builder(
 
 
 def _encode(
-    encoder: Any, chunk: source.RootChunk, pending: deque[tuple[Key, bytes]]
+    encoder: LineEncoder, chunk: source.RootChunk, last: Key | None
 ) -> list[tuple[Key, bytes]]:
-    """The chunk's roots as (key, canonical line), in strictly increasing key order after the
-    roots already pending. A value that cannot be encoded is ``SOURCE_INVALID``."""
+    """The chunk's roots as (key, canonical line), in strictly increasing key order after
+    ``last`` (the key before the chunk). A value that cannot be encoded is SOURCE_INVALID."""
     out: list[tuple[Key, bytes]] = []
-    last = pending[-1][0] if pending else None
     try:
         for root in chunk.roots:
             key = encoder.key(root)
             if last is not None and key <= last:
                 raise ff.SourceInvalid("roots are not in strictly increasing (settled, id) order")
-            rid = bytes.fromhex(key[1])
+            rid = encoder.root_id(root)
             kids = {table: rows.get(rid, ()) for table, rows in chunk.children.items()}
             out.append((key, encoder.line(root, kids)))
             last = key

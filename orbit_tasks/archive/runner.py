@@ -49,6 +49,7 @@ from orbit_tasks.archive.jobs import (
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
 from orbit_tasks.archive.volume import (
+    IDENTITY_FILE,
     ArchiveIOError,
     DiskFull,
     StoredFile,
@@ -68,6 +69,12 @@ from orbit_tasks.platform.history import history_kind
 from orbit_tasks.settings import Settings
 
 log = logging.getLogger("orbit.archive.runner")
+
+#: How the runner's chain checks decode batch lines: the first and the last line of every
+#: file (with every file's SHA-256, gzip CRC, header and line count). Every byte of a file is
+#: covered by its verified SHA-256 and was encoded by this runner; re-parsing every line cost
+#: two thirds of a worker's CPU (docs/archive-jobs.md). ``orbit job verify`` parses them all.
+CHAIN_LINES = "ends"
 
 
 def parse_volumes(raw: str | None) -> dict[str, Path]:
@@ -98,6 +105,7 @@ class _Chain:
     rng: ArchiveRange | None = None  # derived once per chain
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
+    identity_stamp: tuple[int, int, int, int] | None = None  # stat of the verified identity
 
 
 def run_job(
@@ -309,13 +317,24 @@ def _batches(ch: _Chain) -> str:
 
 def _check_volume(ch: _Chain) -> None:
     """Step 1: the mounted volume is the job's storage (checked on every claim: a disk swapped
-    under a running worker is caught before anything is written)."""
+    under a running worker is caught before anything is written). The identity file is read
+    again whenever its ``stat`` changes (another disk mounted there has another device and
+    inode; a rewritten file another inode or mtime); a claim whose ``stat`` matches the one
+    already verified in this chain costs one ``stat``."""
+    try:
+        st = os.stat(ch.volume / IDENTITY_FILE)
+    except OSError:
+        raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
+    stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if stamp == ch.identity_stamp:
+        return
     try:
         ident = read_identity(ch.volume)
     except InvalidInput:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
     if ident.storage_id != ch.claim.job.storage_id:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH)
+    ch.identity_stamp = stamp
 
 
 def _expectation(ch: _Chain, c: store.Claim | None = None) -> ff.ChainExpectation:
@@ -332,7 +351,9 @@ def _verify_prefix(ch: _Chain) -> None:
     job = ch.claim.job
     if not ch.claim.takeover:
         if job.has_manifest:
-            tail = verify.verify_job_prefix(ch.directory, _expectation(ch), io_errors=True)
+            tail = verify.verify_job_prefix(
+                ch.directory, _expectation(ch), io_errors=True, lines=CHAIN_LINES
+            )
             _require_verified(tail, ch)
             _carry_tail(ch, tail)
         return
@@ -341,7 +362,7 @@ def _verify_prefix(ch: _Chain) -> None:
     if job.has_manifest:
         report = verify.verify_job_prefix(
             ch.directory, _expectation(ch), full=True, names=names, allow_strays=True,
-            io_errors=True,
+            io_errors=True, lines=CHAIN_LINES,
         )  # fmt: skip
         _require_verified(report, ch)
         _carry_tail(ch, report)
@@ -518,7 +539,7 @@ def _finish(ch: _Chain) -> str:
     names = _listdir(ch)
     report = verify.verify_job_prefix(
         ch.directory, _expectation(ch), full=True, names=names, allow_strays=True,
-        io_errors=True,
+        io_errors=True, lines=CHAIN_LINES,
     )  # fmt: skip
     _require_verified(report, ch)
     _remove_strays(ch, claim_rules.stray_names(names, report))

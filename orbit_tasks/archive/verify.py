@@ -95,6 +95,7 @@ def verify_job_prefix(
     names: Sequence[str] | None = None,
     allow_strays: bool = False,
     io_errors: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     """SPEC §5 step 2 on a directory: the tail file only, or (``full``) the whole confirmed
     prefix; ``names`` is the directory's listing when the caller has it (full only). Files
@@ -105,7 +106,8 @@ def verify_job_prefix(
         if expect.last_sha256 == "":
             return verify_prefix([], expect=expect)
         tail = tail_name(expect.batches, expect.last_sha256)
-        return verify_prefix([(tail, _loader(directory / tail, io_errors))], expect=expect)
+        files = [(tail, _loader(directory / tail, io_errors))]
+        return verify_prefix(files, expect=expect, lines=lines)
     if names is None:
         if not directory.is_dir():
             return _missing_dir(directory, expect)
@@ -115,7 +117,7 @@ def verify_job_prefix(
         for n in names
         if not allow_strays or parse_name(n) is not None
     ]
-    return verify_prefix(files, expect=expect, full=True, allow_strays=allow_strays)
+    return verify_prefix(files, expect=expect, full=True, allow_strays=allow_strays, lines=lines)
 
 
 def confirmed_name_at(dirpath: Path, batches: int, last_sha256: str, seq: int) -> str | None:
