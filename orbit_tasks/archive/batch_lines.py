@@ -1,93 +1,63 @@
 """Batch lines of ``orbit-archive/1`` straight from database row tuples (SPEC §6). Pure.
 
-:func:`fileformat.build_batch` encodes ``RootRecord`` dicts through ``json.dumps(sort_keys=True)``
-per line; the archive's hot path reads rows as tuples and encodes them here instead, with the
-column order sorted once per table and one C-level string escape per text value. The output is
-byte-for-byte the canonical line ``build_batch`` writes (the unit tests compare both on every
-history kind, and every decoder re-checks canonical form), so a file has one valid spelling
-whichever path built it.
-
-Values are dispatched on their exact type: ``str`` (text; also datetimes the server already
-formatted as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, see :mod:`orbit_tasks.archive.source`), ``bytes``
-(lowercase hex), ``int``, ``None``, ``bool``, naive ``datetime``; anything else goes through
-:func:`fileformat.encode_value`, which raises :class:`SourceInvalid` for values that cannot be
+:func:`fileformat.build_batch` encodes ``RootRecord`` dicts value by value; the archive's hot
+path reads rows as tuples and encodes them here instead. A line is still exactly
+``canonical_json({"children": {...}, "root": {...}})`` -- the same encoder -- so a file has one
+valid spelling whichever path built it (the unit tests compare both on every history kind, and
+every decoder re-checks canonical form). What is saved is the per-value work in Python: on
+MySQL/MariaDB the server already spells binary columns as lowercase hex and datetimes as
+``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (:mod:`orbit_tasks.archive.source`), so a row holds only
+``str``, ``int`` and ``None`` and goes to the C encoder as it is. Rows with other values (SQLite's
+``bytes`` and ``datetime``) are converted value by value by the format's rules
+(:func:`fileformat.encode_value`), which raise :class:`SourceInvalid` for values that cannot be
 encoded exactly (floats, decimals...). Errors name ``table.column``, never the value.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) uses
 from typing import Any
 
 from orbit_tasks.archive.fileformat import SourceInvalid, canonical_json, encode_value, format_ts
 
 Key = tuple[str, str]  # (settled as YYYY-MM-DDTHH:MM:SS.ffffffZ, id hex): a root's order key
-_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+Rows = Sequence[Sequence[Any]]
 
-
-def _generic(value: Any) -> str:
-    """Anything the fast table below does not cover: the format's general rule (raises
-    SourceInvalid for floats, decimals and other values that cannot be encoded exactly)."""
-    return canonical_json(encode_value(value))[:-1].decode("utf-8")
-
-
-def _datetime(value: datetime) -> str:
-    if value.tzinfo is not None:
-        return _generic(value)
-    return '"' + format_ts(value) + '"'
-
-
-# exact type -> JSON text; ``str`` is the C escaper json.dumps(ensure_ascii=False) itself uses
-_BY_TYPE: dict[type, Callable[[Any], str]] = {
-    str: encode_basestring,
-    bytes: lambda v: '"' + v.hex() + '"',
-    int: int.__repr__,
-    type(None): lambda v: "null",
-    bool: lambda v: "true" if v else "false",
-    datetime: _datetime,
-}
-
-
-def _json_value(value: Any) -> str:
-    return _BY_TYPE.get(type(value), _generic)(value)
+_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$", re.ASCII)
+_HEX32 = re.compile(r"^[0-9a-f]{32}$", re.ASCII)
+_JSON_NATIVE = frozenset({str, int, type(None)})  # encoded by canonical_json as they are
 
 
 class _Table:
-    """One table's columns in canonical (sorted) key order, with their ``"name":`` prefixes."""
+    """One table's column names (in the order of its row tuples)."""
 
     def __init__(self, name: str, columns: Sequence[str]) -> None:
         self.name = name
-        self.columns = list(columns)
-        order = sorted(range(len(columns)), key=lambda i: columns[i])
-        self.fields = [(i, encode_basestring(columns[i]) + ":") for i in order]
+        self.columns = tuple(columns)
 
-    def object(self, row: Sequence[Any]) -> str:
-        by_type, generic = _BY_TYPE, _generic
+    def object(self, row: Sequence[Any]) -> dict[str, Any]:
+        if _JSON_NATIVE.issuperset(map(type, row)):
+            return dict(zip(self.columns, row, strict=True))
         try:
-            values = [p + by_type.get(type(row[i]), generic)(row[i]) for i, p in self.fields]
-            return "{" + ",".join(values) + "}"
+            return dict(zip(self.columns, map(encode_value, row), strict=True))
         except SourceInvalid:
             raise self.first_failure(row) or SourceInvalid(f"{self.name}: bad value") from None
 
     def first_failure(self, row: Sequence[Any]) -> SourceInvalid | None:
         """The error of the first column that cannot be encoded, named ``table.column``."""
-        for i, column in enumerate(self.columns):
+        for column, value in zip(self.columns, row, strict=True):
             try:
-                encode_value(row[i])
+                encode_value(value)
             except SourceInvalid as exc:
                 return SourceInvalid(f"{self.name}.{column}: {exc}")
         return None
 
 
-Rows = Sequence[Sequence[Any]]
-
-
 class LineEncoder:
     """Encodes roots of one history kind: ``root_columns`` in the order of the row tuples,
-    ``children`` = (table name, its columns) in any order (lines list them sorted)."""
+    ``children`` = (table name, its columns) in any order."""
 
     def __init__(
         self,
@@ -98,11 +68,11 @@ class LineEncoder:
         self._root = _Table("root", root_columns)
         self._settled = list(root_columns).index(settled_column)
         self._id = list(root_columns).index("id")
-        self._children = sorted((_Table(n, cols) for n, cols in children), key=lambda t: t.name)
-        self._child_keys = [encode_basestring(t.name) + ":[" for t in self._children]
+        self._children = [_Table(name, columns) for name, columns in children]
 
-    def root_id(self, root: Sequence[Any]) -> bytes:
-        return bytes(root[self._id])
+    def root_id(self, root: Sequence[Any]) -> Any:
+        """The root's id as its children's parent column holds it (hex or bytes)."""
+        return root[self._id]
 
     def key(self, root: Sequence[Any]) -> Key:
         """The root's (settled, id) key as the header's ``first``/``last`` spell it."""
@@ -113,21 +83,19 @@ class LineEncoder:
             ts = format_ts(settled)
         else:
             raise SourceInvalid("root settled column is not a datetime (unsettled root?)")
+        if type(rid) is str and _HEX32.match(rid):
+            return ts, rid
         if type(rid) is not bytes or len(rid) != 16:
             raise SourceInvalid("root id is not 16 bytes")
         return ts, rid.hex()
 
     def line(self, root: Sequence[Any], children: Mapping[str, Rows]) -> bytes:
-        """One canonical line ``{"children":{table:[..]},"root":{..}}\n`` (UTF-8).
+        """One canonical line ``{"children":{table:[..]},"root":{..}}\\n`` (UTF-8).
         ``children`` maps a child table name to this root's rows (missing = none)."""
-        kids = ",".join(
-            key + ",".join(t.object(r) for r in children.get(t.name, ())) + "]"
-            for t, key in zip(self._children, self._child_keys, strict=True)
-        )
-        text = '{"children":{' + kids + '},"root":' + self._root.object(root) + "}\n"
+        kids = {t.name: [t.object(r) for r in children.get(t.name, ())] for t in self._children}
         try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError:
+            return canonical_json({"children": kids, "root": self._root.object(root)})
+        except SourceInvalid:  # a lone surrogate in some text: name its column
             raise self._surrogate(root, children) from None
 
     def _surrogate(self, root: Sequence[Any], children: Mapping[str, Rows]) -> SourceInvalid:

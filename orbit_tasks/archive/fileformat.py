@@ -515,8 +515,8 @@ def decode_batch(
     verify`` and export parse every line)."""
     payload = _gunzip(data)
     _need(payload.endswith(b"\n"), "batch does not end with a newline")
-    raw_lines = payload[:-1].split(b"\n")
-    header = _loads_canonical(raw_lines[0] + b"\n", "batch header")
+    head_end = payload.index(b"\n")
+    header = _loads_canonical(payload[: head_end + 1], "batch header")
     _need(isinstance(header, dict) and set(header) == HEADER_KEYS, "batch header keys differ")
     _need(header["format"] == FORMAT, "batch format is not orbit-archive/1")
     _need(isinstance(header["job_id"], str) and bool(_HEX32.match(header["job_id"])), "job_id bad")
@@ -528,14 +528,18 @@ def decode_batch(
     _need(isinstance(header["final"], bool), "batch header final bad")
     _need(tuple(header["first"]) <= tuple(header["last"]), "batch header first > last")
     _need(header["roots"] > 1 or header["first"] == header["last"], "batch first != last")
-    try:  # one UTF-8 decode for all lines (b"\n" never occurs inside a UTF-8 sequence)
-        texts = payload[len(raw_lines[0]) + 1 : -1].decode("utf-8").split("\n")
+    body = payload[head_end + 1 : -1]  # the root lines without the last newline
+    count = body.count(b"\n") + 1 if body else 0
+    _need(count == header["roots"], "batch line count differs from header roots")
+    if lines == "ends":  # (b"\n" never occurs inside a UTF-8 sequence)
+        _need(not body.startswith(b"\n") and b"\n\n" not in body, "batch line is empty")
+        ends = [body[: body.index(b"\n")], body[body.rindex(b"\n") + 1 :]] if count > 1 else [body]
+    else:
+        ends = [body]
+    try:  # one UTF-8 decode for all lines (or both ends)
+        texts = [t for raw in ends for t in raw.decode("utf-8").split("\n")]
     except UnicodeDecodeError:
         raise FormatError("batch line is not UTF-8 JSON") from None
-    _need(len(raw_lines) - 1 == header["roots"], "batch line count differs from header roots")
-    if lines == "ends":
-        _need(all(texts), "batch line is empty")
-        texts = [texts[0], texts[-1]] if len(texts) > 1 else texts
     parsed: list[dict[str, Any]] = []
     for text in texts:
         line = _loads_canonical_text(text, "batch line")

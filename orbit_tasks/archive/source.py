@@ -5,10 +5,12 @@ several batches' roots at once (a *chunk*), then every child row of those roots 
 Nothing here ever modifies a source row.
 
 Rows come back as tuples in the table's column order, ready for
-:class:`~orbit_tasks.archive.batch_lines.LineEncoder`. On MySQL/MariaDB datetime columns are
-selected as ``DATE_FORMAT(col, '%Y-%m-%dT%H:%i:%s.%fZ')``: the server spells them exactly as
-the archive format does, which spares the driver's per-value datetime conversion (half of the
-fetch time of a history row). SQLite returns datetimes, which the encoder formats itself.
+:class:`~orbit_tasks.archive.batch_lines.LineEncoder`. On MySQL/MariaDB the server spells values
+exactly as the archive format does (SPEC §6): datetime columns as
+``DATE_FORMAT(col, '%Y-%m-%dT%H:%i:%s.%fZ')`` and binary columns as ``LOWER(HEX(col))``. That
+spares the driver's per-value datetime conversion (half of the fetch time of a history row) and
+the encoder's per-value work: a row of text, integers and NULLs goes to the JSON encoder as it
+is. SQLite returns datetimes and bytes, which the encoder converts itself.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, Table, and_, func, literal, or_, select
+from sqlalchemy import Connection, DateTime, LargeBinary, Table, and_, func, literal, or_, select
 
 from orbit_tasks.archive.batch_lines import LineEncoder
 from orbit_tasks.archive.fileformat import parse_ts
@@ -49,15 +51,19 @@ def count_roots(conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange) ->
 
 
 def _columns(table: Table, server_times: bool) -> list[Any]:
-    """The table's columns in order; datetimes formatted by the server when ``server_times``."""
+    """The table's columns in order; with ``server_times`` (MySQL/MariaDB) datetimes and binary
+    values spelled by the server as the archive spells them."""
     if not server_times:
         return list(table.columns)
-    return [
-        func.date_format(c, literal(ARCHIVE_TS_FORMAT)).label(c.name)
-        if isinstance(c.type, DateTime)
-        else c
-        for c in table.columns
-    ]
+    return [_spelled(c).label(c.name) for c in table.columns]
+
+
+def _spelled(column: Any) -> Any:
+    if isinstance(column.type, DateTime):
+        return func.date_format(column, literal(ARCHIVE_TS_FORMAT))
+    if isinstance(column.type, LargeBinary):
+        return func.lower(func.hex(column))
+    return column
 
 
 def roots_query(
@@ -95,7 +101,7 @@ class RootChunk:
     """Up to ``limit`` roots after a cursor with all their children."""
 
     roots: list[Any]  # row tuples in the root table's column order, (settled, id) order
-    children: dict[str, dict[bytes, list[Any]]] = field(default_factory=dict)  # table -> id
+    children: dict[str, dict[Any, list[Any]]] = field(default_factory=dict)  # table -> id
     has_more: bool = False  # a root follows the last one (the peeked extra row)
     cursor: Cursor | None = None  # key of the last root; None when there is none
 
@@ -115,26 +121,30 @@ def read_chunk(
     hk = history_kind(kind)
     server_times = is_mysql(conn)
     q = roots_query(kind, ns_id, rng, cursor, limit + 1, server_times=server_times)
-    rows = list(conn.execute(q))
+    rows = list(conn.execute(q).all())
     has_more = len(rows) > limit
     del rows[limit:]
     if not rows:
         return RootChunk([])
     id_at = list(hk.root.columns.keys()).index("id")
-    ids = [bytes(r[id_at]) for r in rows]
-    children: dict[str, dict[bytes, list[Any]]] = {}
+    ids = [_id_bytes(r[id_at]) for r in rows]
+    children: dict[str, dict[Any, list[Any]]] = {}
     for child in hk.children:
         parent_at = list(child.table.columns.keys()).index(child.parent_column)
-        grouped: dict[bytes, list[Any]] = defaultdict(list)
+        grouped: dict[Any, list[Any]] = defaultdict(list)
         cq = children_query(child.table, child.parent_column, ns_id, ids, server_times=server_times)
-        for crow in conn.execute(cq):
-            grouped[bytes(crow[parent_at])].append(crow)
+        for crow in conn.execute(cq).all():
+            grouped[crow[parent_at]].append(crow)  # keyed like the root's id value
         children[child.table.name] = grouped
     settled_at = list(hk.root.columns.keys()).index(hk.settled_column)
     last = rows[-1]
     settled = last[settled_at]
-    key = (parse_ts(settled) if isinstance(settled, str) else settled, bytes(last[id_at]))
+    key = (parse_ts(settled) if isinstance(settled, str) else settled, ids[-1])
     return RootChunk(rows, children, has_more, key)
+
+
+def _id_bytes(value: Any) -> bytes:
+    return bytes.fromhex(value) if isinstance(value, str) else bytes(value)
 
 
 def line_encoder(kind: str) -> LineEncoder:
