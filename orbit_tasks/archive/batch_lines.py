@@ -2,9 +2,10 @@
 
 :func:`fileformat.build_batch` encodes ``RootRecord`` dicts value by value; the archive's hot
 path reads rows as tuples and encodes them here instead. A line is still exactly
-``canonical_json({"children": {...}, "root": {...}})`` -- the same encoder -- so a file has one
-valid spelling whichever path built it (the unit tests compare both on every history kind, and
-every decoder re-checks canonical form). What is saved is the per-value work in Python: on
+``canonical_json({"children": {...}, "root": {...}})`` -- the same C encoder and settings, with
+every object built in sorted key order so the encoder need not sort -- so a file has one valid
+spelling whichever path built it (the unit tests compare both on every history kind, and every
+decoder re-checks canonical form). What is saved is the per-value work in Python: on
 MySQL/MariaDB the server already spells binary columns as lowercase hex and datetimes as
 ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (:mod:`orbit_tasks.archive.source`), so a row holds only
 ``str``, ``int`` and ``None`` and goes to the C encoder as it is. Rows with other values (SQLite's
@@ -15,12 +16,14 @@ encoded exactly (floats, decimals...). Errors name ``table.column``, never the v
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
-from orbit_tasks.archive.fileformat import SourceInvalid, canonical_json, encode_value, format_ts
+from orbit_tasks.archive.fileformat import SourceInvalid, encode_value, format_ts
 
 Key = tuple[str, str]  # (settled as YYYY-MM-DDTHH:MM:SS.ffffffZ, id hex): a root's order key
 Rows = Sequence[Sequence[Any]]
@@ -28,20 +31,30 @@ Rows = Sequence[Sequence[Any]]
 _TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$", re.ASCII)
 _HEX32 = re.compile(r"^[0-9a-f]{32}$", re.ASCII)
 _JSON_NATIVE = frozenset({str, int, type(None)})  # encoded by canonical_json as they are
+# canonical_json's encoder without the key sort, for objects whose keys are inserted sorted
+_PRESORTED = json.JSONEncoder(
+    sort_keys=False, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 
 class _Table:
-    """One table's column names (in the order of its row tuples)."""
+    """One table's column names (in the order of its row tuples), and how to pick its values
+    in sorted-name order: objects are built with their keys already sorted, so the encoder
+    does not sort them again (:data:`_PRESORTED`)."""
 
     def __init__(self, name: str, columns: Sequence[str]) -> None:
         self.name = name
         self.columns = tuple(columns)
+        order = sorted(range(len(columns)), key=lambda i: columns[i])
+        self.sorted_names = tuple(columns[i] for i in order)
+        self._pick = itemgetter(*order) if len(order) > 1 else lambda row: (row[order[0]],)
 
     def object(self, row: Sequence[Any]) -> dict[str, Any]:
-        if _JSON_NATIVE.issuperset(map(type, row)):
-            return dict(zip(self.columns, row, strict=True))
+        values = self._pick(row)
+        if _JSON_NATIVE.issuperset(map(type, values)):
+            return dict(zip(self.sorted_names, values, strict=True))
         try:
-            return dict(zip(self.columns, map(encode_value, row), strict=True))
+            return dict(zip(self.sorted_names, map(encode_value, values), strict=True))
         except SourceInvalid:
             raise self.first_failure(row) or SourceInvalid(f"{self.name}: bad value") from None
 
@@ -68,7 +81,7 @@ class LineEncoder:
         self._root = _Table("root", root_columns)
         self._settled = list(root_columns).index(settled_column)
         self._id = list(root_columns).index("id")
-        self._children = [_Table(name, columns) for name, columns in children]
+        self._children = sorted((_Table(n, cols) for n, cols in children), key=lambda t: t.name)
 
     def root_id(self, root: Sequence[Any]) -> Any:
         """The root's id as its children's parent column holds it (hex or bytes)."""
@@ -93,9 +106,10 @@ class LineEncoder:
         """One canonical line ``{"children":{table:[..]},"root":{..}}\\n`` (UTF-8).
         ``children`` maps a child table name to this root's rows (missing = none)."""
         kids = {t.name: [t.object(r) for r in children.get(t.name, ())] for t in self._children}
-        try:
-            return canonical_json({"children": kids, "root": self._root.object(root)})
-        except SourceInvalid:  # a lone surrogate in some text: name its column
+        try:  # every object's keys are in sorted order: canonical without sorting again
+            text = _PRESORTED.encode({"children": kids, "root": self._root.object(root)})
+            return text.encode("utf-8") + b"\n"
+        except UnicodeEncodeError:  # a lone surrogate in some text: name its column
             raise self._surrogate(root, children) from None
 
     def _surrogate(self, root: Sequence[Any], children: Mapping[str, Rows]) -> SourceInvalid:

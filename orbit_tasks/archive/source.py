@@ -26,7 +26,7 @@ from orbit_tasks.archive.batch_lines import LineEncoder
 from orbit_tasks.archive.fileformat import parse_ts
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.engine import is_mysql
-from orbit_tasks.platform.history import HistoryKind, history_kind
+from orbit_tasks.platform.history import ChildSpec, HistoryKind, history_kind
 
 #: DATE_FORMAT spelling of the archive's ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (SPEC §6).
 ARCHIVE_TS_FORMAT = "%Y-%m-%dT%H:%i:%s.%fZ"
@@ -66,6 +66,11 @@ def _spelled(column: Any) -> Any:
     return column
 
 
+def _after(hk: HistoryKind, cursor: Cursor) -> Any:
+    t, i = cursor
+    return or_(hk.settled > t, and_(hk.settled == t, hk.root.c.id > i))
+
+
 def roots_query(
     kind: str,
     ns_id: bytes,
@@ -80,20 +85,45 @@ def roots_query(
     hk = history_kind(kind)
     cond = _range_cond(hk, ns_id, rng)
     if cursor is not None:
-        t, i = cursor
-        cond.append(or_(hk.settled > t, and_(hk.settled == t, hk.root.c.id > i)))
+        cond.append(_after(hk, cursor))
     cols = _columns(hk.root, server_times)
     return select(*cols).where(*cond).order_by(hk.settled, hk.root.c.id).limit(limit)
 
 
 def children_query(
-    table: Table, parent_column: str, ns_id: bytes, ids: list[bytes], *, server_times: bool = False
+    kind: str,
+    child: ChildSpec,
+    ns_id: bytes,
+    rng: ArchiveRange,
+    cursor: Cursor | None,
+    through: Cursor,
+    *,
+    server_times: bool = False,
 ) -> Any:
-    """Every row of one child table for the given roots, in primary-key order (PRIMARY)."""
-    parent = table.c[parent_column]
-    pk = list(table.primary_key.columns)
-    cols = _columns(table, server_times)
-    return select(*cols).where(table.c.namespace_id == ns_id, parent.in_(ids)).order_by(*pk)
+    """Every row of one child table whose root lies after ``cursor`` up to ``through``
+    (inclusive) in the range: the same keyset walk of the settled index as the roots, joined to
+    the child's primary key (namespace_id, parent, ...). A handful of parameters instead of an
+    ``IN`` list of a thousand ids; rows come in no promised order (the caller sorts each root's
+    children by primary key)."""
+    hk = history_kind(kind)
+    root, table = hk.root, child.table
+    t, i = through
+    cond = _range_cond(hk, ns_id, rng)
+    if cursor is not None:
+        cond.append(_after(hk, cursor))
+    cond.append(or_(hk.settled < t, and_(hk.settled == t, root.c.id <= i)))
+    parent = table.c[child.parent_column]
+    on = and_(table.c.namespace_id == root.c.namespace_id, parent == root.c.id)
+    q = select(*_columns(table, server_times)).select_from(root.join(table, on)).where(*cond)
+    # Without ORDER BY/LIMIT the optimizer may prefer walking the whole namespace by PRIMARY
+    # when a chunk is a large share of a small table; a chunk must cost its own rows only.
+    return q.with_hint(root, f"FORCE INDEX ({settled_index(hk)})", "mysql")
+
+
+def settled_index(hk: HistoryKind) -> str:
+    """The name of the root table's (namespace_id, settled, id) index."""
+    want = ["namespace_id", hk.settled_column, "id"]
+    return next(str(ix.name) for ix in hk.root.indexes if [c.name for c in ix.columns] == want)
 
 
 @dataclass(frozen=True)
@@ -126,21 +156,25 @@ def read_chunk(
     del rows[limit:]
     if not rows:
         return RootChunk([])
-    id_at = list(hk.root.columns.keys()).index("id")
-    ids = [_id_bytes(r[id_at]) for r in rows]
+    names = list(hk.root.columns.keys())
+    last = rows[-1]
+    settled = last[names.index(hk.settled_column)]
+    last_id = _id_bytes(last[names.index("id")])
+    through = (parse_ts(settled) if isinstance(settled, str) else settled, last_id)
     children: dict[str, dict[Any, list[Any]]] = {}
     for child in hk.children:
-        parent_at = list(child.table.columns.keys()).index(child.parent_column)
+        columns = list(child.table.columns.keys())
+        parent_at = columns.index(child.parent_column)
+        pk_at = [columns.index(c.name) for c in child.table.primary_key.columns]
         grouped: dict[Any, list[Any]] = defaultdict(list)
-        cq = children_query(child.table, child.parent_column, ns_id, ids, server_times=server_times)
+        cq = children_query(kind, child, ns_id, rng, cursor, through, server_times=server_times)
         for crow in conn.execute(cq).all():
             grouped[crow[parent_at]].append(crow)  # keyed like the root's id value
+        for kids in grouped.values():
+            if len(kids) > 1:
+                kids.sort(key=lambda row: tuple(row[k] for k in pk_at))  # primary-key order
         children[child.table.name] = grouped
-    settled_at = list(hk.root.columns.keys()).index(hk.settled_column)
-    last = rows[-1]
-    settled = last[settled_at]
-    key = (parse_ts(settled) if isinstance(settled, str) else settled, ids[-1])
-    return RootChunk(rows, children, has_more, key)
+    return RootChunk(rows, children, has_more, through)
 
 
 def _id_bytes(value: Any) -> bytes:

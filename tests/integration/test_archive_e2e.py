@@ -62,10 +62,14 @@ def test_batch_keyset_query_uses_the_settled_index(platform_engine: Engine) -> N
                 assert rows[0]["key"] == index and "filesort" not in rows[0]["Extra"], (kind, rows)
 
 
-def test_read_ahead_children_query_uses_the_primary_key(platform_engine: Engine) -> None:
-    """The children of 1,000 roots in one query: a range on PRIMARY (namespace_id, parent, no),
-    on tables with rows (an empty table makes any plan a full scan)."""
+def test_read_ahead_children_query_walks_the_settled_index_into_the_primary_key(
+    platform_engine: Engine,
+) -> None:
+    """The children of a chunk of ~1,000 roots in one query: the roots' keyset walk of the
+    settled index, joined to the child's PRIMARY (namespace_id, parent, no). On tables with
+    rows (an empty table makes any plan a full scan)."""
     import random
+    from datetime import datetime, timedelta
 
     from orbit_tasks.db.engine import db_now
     from orbit_tasks.platform import generator, store
@@ -76,19 +80,29 @@ def test_read_ahead_children_query_uses_the_primary_key(platform_engine: Engine)
         for kind in ("tasks", "workflows", "deliveries"):
             spec = generator.make_spec(kind, 2500, days=3)
             generator.seed_history(conn, spec, ns, [q], random.Random(1), db_now(conn))
-            conn.execute(text(f"ANALYZE TABLE {HISTORY_KINDS[kind].children[0].table.name}"))
-    with platform_engine.connect() as conn:
-        for kind in ("tasks", "workflows", "deliveries"):
             hk = HISTORY_KINDS[kind]
-            ids = [r[0] for r in conn.execute(select(hk.root.c.id).limit(1000))]
+            conn.execute(text(f"ANALYZE TABLE {hk.root.name}, {hk.children[0].table.name}"))
+    rng = ArchiveRange(None, datetime(2100, 1, 1))
+    with platform_engine.connect() as conn:
+        for kind, index in (
+            ("tasks", "ix_task_settled"),
+            ("workflows", "ix_workflow_settled"),
+            ("deliveries", "ix_delivery_settled"),
+        ):
+            hk = HISTORY_KINDS[kind]
             (child,) = hk.children
-            cq = source.children_query(child.table, child.parent_column, ns, ids, server_times=True)
-            compiled = cq.compile(conn, compile_kwargs={"render_postcompile": True})
+            start = (db_now(conn) - timedelta(days=2), b"\x00" * 16)
+            through = (db_now(conn) - timedelta(days=1), b"\xff" * 16)
+            cq = source.children_query(kind, child, ns, rng, start, through, server_times=True)
+            compiled = cq.compile(conn)
             cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
             params = [compiled.params[p] for p in compiled.positiontup or ()]
             cur.execute("EXPLAIN " + str(compiled), params)
-            plan = cur.fetchall()[0]  # (id, select_type, table, type, possible_keys, key, ...)
-            assert plan[5] == "PRIMARY" and plan[3] in ("range", "ref"), (kind, plan)
+            plans = {row[2]: row for row in cur.fetchall()}  # table -> (.., type, keys, key, ..)
+            root_plan, child_plan = plans[hk.root.name], plans[child.table.name]
+            assert root_plan[5] == index and root_plan[3] == "range", (kind, plans)
+            assert child_plan[5] == "PRIMARY" and child_plan[3] in ("ref", "eq_ref"), (kind, plans)
+            assert "filesort" not in (root_plan[9] or "") + (child_plan[9] or ""), (kind, plans)
 
 
 def test_time_slice_releases_and_continues(
@@ -320,7 +334,7 @@ def test_worker_archive_verifies_volumes_before_starting(
 def test_other_hot_job_queries_use_their_indexes(platform_engine: Engine) -> None:
     from datetime import datetime
 
-    from sqlalchemy import and_, or_, select
+    from sqlalchemy import and_, or_
 
     from orbit_tasks.db.history_tables import task_attempts
     from orbit_tasks.db.platform_tables import archive_jobs as J
