@@ -100,6 +100,7 @@ class ReadAhead:
         self._lines: queue.Queue[_Lines | _Raised] = queue.Queue(DEPTH)
         self._out: queue.Queue[PreparedBatch | _Exhausted | _Raised] = queue.Queue(DEPTH)
         self._stop = threading.Event()
+        self._held: _Exhausted | _Raised | None = None  # taken by ready(), kept for next()
         tag = job.id.hex()[:8]
         self._threads = [
             threading.Thread(target=self._run, args=(self._read, self._lines), daemon=True,
@@ -118,15 +119,23 @@ class ReadAhead:
 
     def next(self) -> PreparedBatch | None:
         """The next prepared file, waiting for it; None when the source has no more roots."""
-        return self._open(self._out.get())
+        item, self._held = self._held or self._out.get(), None
+        return self._open(item)
 
-    def ready(self) -> PreparedBatch | None | NotReady:
-        """Like :meth:`next`, but :data:`NOT_READY` instead of waiting."""
+    def ready(self) -> PreparedBatch | NotReady:
+        """The next prepared file if it is ready, else :data:`NOT_READY`. The end of the source
+        and errors are only ever delivered by :meth:`next` (so the runner meets them after the
+        confirm it is about to send, in order)."""
+        if self._held is not None:
+            return NOT_READY
         try:
             item = self._out.get_nowait()
         except queue.Empty:
             return NOT_READY
-        return self._open(item)
+        if not isinstance(item, PreparedBatch):
+            self._held = item
+            return NOT_READY
+        return item
 
     @staticmethod
     def _open(item: PreparedBatch | _Exhausted | _Raised) -> PreparedBatch | None:

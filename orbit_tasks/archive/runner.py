@@ -304,7 +304,7 @@ def _batches(ch: _Chain) -> str:
             writing, upcoming = None, NOT_READY
             if not current.final and time.monotonic() < ch.deadline:
                 upcoming = ahead.ready()  # write the next file ahead only if it is ready
-                if isinstance(upcoming, PreparedBatch):
+                if upcoming is not NOT_READY:
                     follow = _batch_file(upcoming)
                     if _admit(ch, follow, job.bytes + len(current.data)) is None:
                         writing = writer.submit(

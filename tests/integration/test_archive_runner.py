@@ -206,3 +206,57 @@ def test_the_final_verification_holds_one_file_at_a_time(tmp_path: Path) -> None
 
 def _big(rec: Any, text: str) -> Any:
     return ff.RootRecord({**rec.root, "result_json": '{"blob":"' + text + '"}'}, rec.children)
+
+
+def test_a_value_that_cannot_be_encoded_fails_only_after_the_files_before_it(
+    tmp_path: Path,
+) -> None:
+    """SOURCE_INVALID found by the read-ahead in batch 2 takes effect after batch 1 is confirmed
+    (as if the batches were handled one after the other). SQLite keeps a float in an integer
+    column: a value no archive line can hold exactly."""
+    from sqlalchemy import update as sql_update
+
+    from orbit_tasks.archive.tick import run_tick
+    from orbit_tasks.db.engine import make_engine
+    from orbit_tasks.db.history_tables import tasks
+    from orbit_tasks.settings import load_settings
+    from tests.dbutil import migrated_engine
+
+    url = f"sqlite:///{tmp_path / 'platform.sqlite3'}"
+    with migrated_engine(url, "platform"):
+        pass
+    engine = make_engine(url)
+    try:
+        ns, q = make_namespace(engine, "invalid")
+        vol = tmp_path / "vol"
+        sid = make_volume(engine, vol)
+        make_plan(engine, ns, "tasks", sid, batch_size=5)
+        seed(engine, ns, q, "tasks", 40)
+        with engine.connect() as conn:
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    tasks.select()
+                    .with_only_columns(tasks.c.id)
+                    .where(tasks.c.finished_at.is_not(None))
+                    .order_by(tasks.c.finished_at, tasks.c.id)
+                )
+            ]
+        with engine.begin() as conn:  # the 8th settled root: in batch 2
+            conn.execute(sql_update(tasks).where(tasks.c.id == ids[7]).values(attempts=1.5))
+        settings = load_settings({"ORBIT_DATABASE_URL": url, "ORBIT_VAR_DIR": str(tmp_path)})
+        report = run_tick(engine, settings, publish=lambda *a, **k: None)
+        ((_, _, job_hex),) = report.jobs_created
+        out = runner.run_job(
+            ns.hex(), job_hex, {sid.hex(): vol}, settings, engine=engine,
+            publish=lambda *a, **k: None,
+        )  # fmt: skip
+        assert out == "failed"
+        with engine.connect() as conn:
+            from orbit_tasks.archive import job_store
+
+            failed = job_store.require_job(conn, ns, bytes.fromhex(job_hex))
+        assert failed.error_code == "SOURCE_INVALID"
+        assert failed.batches == 1 and failed.roots == 5  # batch 1 confirmed before the failure
+    finally:
+        engine.dispose()
