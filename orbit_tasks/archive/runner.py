@@ -35,7 +35,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine
 
 from orbit_tasks import failpoints
-from orbit_tasks.archive import claim_rules, source, verify
+from orbit_tasks.archive import claim_rules, leftovers, source, verify
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive import job_store as store
 from orbit_tasks.archive.jobs import (
@@ -53,10 +53,8 @@ from orbit_tasks.archive.volume import (
     ArchiveIOError,
     DiskFull,
     StoredFile,
-    fsync_dir,
     job_dir,
     read_identity,
-    remove_file_if_unconfirmed,
     store_job_file,
 )
 from orbit_tasks.archive.wakeups import Publisher
@@ -357,7 +355,7 @@ def _verify_prefix(ch: _Chain) -> None:
             _require_verified(tail, ch)
             _carry_tail(ch, tail)
         return
-    names = _listdir(ch)
+    names = leftovers.list_dir(ch.directory)
     report: ff.VerifyReport | None = None
     if job.has_manifest:
         report = verify.verify_job_prefix(
@@ -366,7 +364,9 @@ def _verify_prefix(ch: _Chain) -> None:
         )  # fmt: skip
         _require_verified(report, ch)
         _carry_tail(ch, report)
-    _remove_strays(ch, claim_rules.stray_names(names, report))
+    leftovers.remove(
+        ch.conn, ch.claim, ch.clock, ch.directory, claim_rules.stray_names(names, report)
+    )
 
 
 def _carry_tail(ch: _Chain, report: ff.VerifyReport) -> None:
@@ -440,11 +440,11 @@ def _confirm(ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile
             after=after, lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
         )  # fmt: skip
     except LeaseLost:
-        remove_unless_confirmed(ch.conn, c, ch.directory, f.name, stored)
+        leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, stored)
         if follow is not None:
             with contextlib.suppress(Exception):  # a failed write left nothing to remove
                 ahead = follow.result()
-                remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
+                leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
         raise
     log_action(
         log, "archive.job.confirmed", namespace_id=job.namespace_id, job_id=job.id,
@@ -460,63 +460,6 @@ def _confirm(ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile
         ch.tail_final = True
         return _finish(ch)
     return "chained"
-
-
-def remove_unless_confirmed(
-    conn: Connection, c: store.Claim, directory: Path, name: str, stored: StoredFile
-) -> None:
-    """Step 6: claim ``c``'s confirm was rejected; remove the file it wrote unless that very name
-    is confirmed.
-
-    Only a file this claim created is removed, and only its own inode (the new owner may have
-    re-written the same name meanwhile); what to do is :func:`claim_rules.unconfirmed_file_fate`
-    of the job row as it is now. Never raises: the owner's final step removes what stays."""
-    if not stored.created:
-        return  # the name existed already with identical bytes: not ours to remove
-    try:
-        with conn.begin():
-            now_job = store.get_job(conn, c.job.namespace_id, c.job.id)
-        parsed = ff.parse_name(name)
-        assert parsed is not None
-        fate = claim_rules.unconfirmed_file_fate(parsed.seq, now_job)
-        if fate is claim_rules.Fate.LEAVE:
-            return
-        confirmed: set[str] = set()
-        if fate is claim_rules.Fate.REMOVE_IF_NOT_ON_CHAIN:
-            assert now_job is not None
-            on_chain = verify.confirmed_name_at(
-                directory, now_job.batches, now_job.last_sha256, parsed.seq
-            )
-            if on_chain is None:
-                return  # cannot tell: the owner's final step removes it if it is a stray
-            confirmed = {on_chain}
-        remove_file_if_unconfirmed(directory, name, confirmed, inode=stored.inode)
-    except Exception as exc:
-        log_action(log, "archive.job.cleanup_skipped", logging.WARNING, error=type(exc).__name__)
-
-
-def _listdir(ch: _Chain) -> list[str]:
-    try:
-        return sorted(os.listdir(ch.directory))
-    except FileNotFoundError:
-        return []
-    except OSError:
-        raise JobFailure(ErrorCode.IO_ERROR) from None
-
-
-def _remove_strays(ch: _Chain, names: list[str]) -> None:
-    """Remove leftovers of dead claims, right after checking that this claim still holds a live
-    lease on the prefix it verified. An OS error is IO_ERROR (never a raw exception)."""
-    if not names:
-        return
-    store.check_lease(ch.conn, ch.claim, clock=ch.clock)
-    try:
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                (ch.directory / name).unlink()
-        fsync_dir(ch.directory)
-    except OSError:  # read-only remount, EIO, EACCES, a directory under the name...
-        raise JobFailure(ErrorCode.IO_ERROR) from None
 
 
 def _require_verified(report: ff.VerifyReport, ch: _Chain) -> None:
@@ -536,13 +479,15 @@ def _finish(ch: _Chain) -> str:
     stopped at a corrupt file would take the confirmed files after it for leftovers."""
     c = ch.claim
     job = c.job
-    names = _listdir(ch)
+    names = leftovers.list_dir(ch.directory)
     report = verify.verify_job_prefix(
         ch.directory, _expectation(ch), full=True, names=names, allow_strays=True,
         io_errors=True, lines=CHAIN_LINES,
     )  # fmt: skip
     _require_verified(report, ch)
-    _remove_strays(ch, claim_rules.stray_names(names, report))
+    leftovers.remove(
+        ch.conn, ch.claim, ch.clock, ch.directory, claim_rules.stray_names(names, report)
+    )
     if claim_rules.source_changed(job.roots, report.roots_total, job.batches, report.final):
         raise JobFailure(ErrorCode.SOURCE_CHANGED)
     failpoints.hit("archive.before_finalize")

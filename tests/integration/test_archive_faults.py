@@ -674,7 +674,7 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     then finds N already there with identical bytes and confirms it. The stale writer's removal
     (its confirm was rejected) must not delete the file the owner is confirming."""
     from orbit_tasks.archive import fileformat as ff
-    from orbit_tasks.archive import job_store, runner
+    from orbit_tasks.archive import job_store, leftovers, runner
     from orbit_tasks.archive.volume import store_job_file
     from orbit_tasks.errors import LeaseLost
 
@@ -703,7 +703,7 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
             sha256=ff.sha256_hex(written.data), after="keep", lease_seconds=60,
         )  # fmt: skip
     with ae.engine.connect() as conn:
-        runner.remove_unless_confirmed(conn, stale, d, written.name, mine)
+        leftovers.remove_unless_confirmed(conn, stale, d, written.name, mine)
     job_store.confirm(
         ae.engine, owner, is_batch=False, roots=0, size=len(written.data),
         sha256=ff.sha256_hex(written.data), after="release", lease_seconds=60,

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import runner, verify
+from orbit_tasks.archive import leftovers, runner, verify
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.volume import job_dir, write_job_file
 from tests.integration.archive_jobs_support import (
@@ -97,7 +97,7 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
         reads.append(Path(path).name)
         return real_read(path)
 
-    monkeypatch.setattr(runner.os, "listdir", listdir)
+    monkeypatch.setattr(leftovers.os, "listdir", listdir)
     monkeypatch.setattr(verify, "read_file", read_file)
     stmts = _Statements(ae.engine)
     try:
@@ -154,7 +154,9 @@ def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
     listings: list[str] = []
     reads: list[str] = []
     real_listdir, real_read = os.listdir, verify.read_file
-    monkeypatch.setattr(runner.os, "listdir", lambda p: listings.append(str(p)) or real_listdir(p))
+    monkeypatch.setattr(
+        leftovers.os, "listdir", lambda p: listings.append(str(p)) or real_listdir(p)
+    )
     monkeypatch.setattr(
         verify, "read_file", lambda p: reads.append(Path(p).name) or real_read(Path(p))
     )
