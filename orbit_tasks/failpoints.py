@@ -12,11 +12,12 @@ Actions:
   system call at this point would: tests the cleanup of every failure path of a durable write.
 
 Names used by the archive runner: ``archive.after_claim``, ``archive.after_file_write`` (durably
-written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``. Durable
-writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and synced),
-``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced removal
-has renamed the name aside). ``orbit storage init``:
-``storage.init.before_commit`` (identity file durable, registry row not committed).
+written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``, and in its
+read-ahead thread ``archive.read_ahead`` (a prepared batch file handed over, not written).
+Durable writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and
+synced), ``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced
+removal has renamed the name aside). ``orbit storage init``: ``storage.init.before_commit``
+(identity file durable, registry row not committed).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from orbit_tasks.archive.fileformat import (
     ParsedName,
     VerifyReport,
     batch_cursor,
+    batch_header,
     decode_batch,
     decode_manifest,
     format_ts,
@@ -72,11 +73,13 @@ class _State:
     manifest: dict[str, Any] | None = None
     manifest_name: str | None = None
     beyond: list[str] = field(default_factory=list)
+    strays: list[str] = field(default_factory=list)
 
     def report(self, bad: _Bad | None = None) -> VerifyReport:
         cursor = None
         if self.last_key is not None:
             cursor = batch_cursor({"last": list(self.last_key)})
+        total = None if self.manifest is None else int(self.manifest["roots_total"])
         return VerifyReport(
             ok=bad is None,
             first_bad_file=None if bad is None else bad.name,
@@ -88,6 +91,8 @@ class _State:
             final=self.final,
             cursor=cursor,
             beyond=tuple(self.beyond),
+            strays=tuple(self.strays),
+            roots_total=total,
         )
 
 
@@ -95,7 +100,7 @@ def _missing_name(seq: int, groups: dict[int, list[_File]] | None = None) -> str
     """Name of a missing file: exact when a successor's header names it, else a pattern."""
     for _, _, data in (groups or {}).get(seq + 1, []):
         try:
-            prev = decode_batch(_load(data)).header["prev_sha256"]
+            prev = batch_header(_load(data))["prev_sha256"]
         except (FormatError, _Bad):
             continue
         return tail_name(seq, prev)
@@ -127,14 +132,15 @@ def _check_manifest(name: str, data: bytes, expect: ChainExpectation) -> dict[st
 
 
 def _check_batch(
-    seq: int, name: str, data: bytes, st: _State, expect: ChainExpectation
+    seq: int, name: str, data: bytes, st: _State, expect: ChainExpectation, lines: str
 ) -> tuple[dict[str, Any], tuple[str, str]]:
-    """Validate batch ``seq`` against the chain so far; returns (header, last key)."""
+    """Validate batch ``seq`` against the chain so far; returns (header, last key). The line
+    checks cover the lines ``decode_batch(lines=...)`` parsed."""
     man = st.manifest
     assert man is not None
     src = man["source"]
     try:
-        batch = decode_batch(data, settled_column=src["settled_column"])
+        batch = decode_batch(data, settled_column=src["settled_column"], lines=lines)
     except FormatError as exc:
         raise _Bad(name, exc.args[0]) from None
     h = batch.header
@@ -194,7 +200,7 @@ def _check_row(expect: ChainExpectation) -> None:
 
 
 def _step(
-    seq: int, f: _File, st: _State, expect: ChainExpectation
+    seq: int, f: _File, st: _State, expect: ChainExpectation, lines: str = "all"
 ) -> tuple[dict[str, Any], tuple[str, str] | None, int]:
     name, parsed, source = f
     data = _load(source, name)
@@ -202,29 +208,64 @@ def _step(
         raise _Bad(name, "contents do not hash to the sha256 in the name")
     if seq == 0:
         return _check_manifest(name, data, expect), None, len(data)
-    header, key = _check_batch(seq, name, data, st, expect)
+    header, key = _check_batch(seq, name, data, st, expect, lines)
     return header, key, len(data)
 
 
-def _walk(files: Sequence[tuple[str, FileData]], expect: ChainExpectation, st: _State) -> None:
+def _wanted_names(groups: dict[int, list[_File]], last: int, last_sha: str) -> dict[int, str]:
+    """Chain names by position, walked back from the tail through the headers' ``prev_sha256``
+    (header lines only) down to the lowest position that holds more than one file. Only then
+    is a name needed: at a position with one file, that file is the chain's or the chain is
+    broken. Stops where a file is missing or unreadable (the forward walk reports it)."""
+    wanted = {last: tail_name(last, last_sha)}
+    crowded = [seq for seq, cands in groups.items() if seq < last and len(cands) > 1]
+    seq = last
+    while crowded and seq > min(crowded):
+        found = [data for name, _, data in groups.get(seq, []) if name == wanted[seq]]
+        if not found:
+            break
+        try:
+            prev = batch_header(_load(found[0])).get("prev_sha256")
+        except (FormatError, _Bad):
+            break
+        seq -= 1
+        wanted[seq] = tail_name(seq, str(prev))
+    return wanted
+
+
+def _walk(
+    files: Sequence[tuple[str, FileData]],
+    expect: ChainExpectation,
+    st: _State,
+    allow_strays: bool = False,
+    lines: str = "all",
+) -> None:
     _check_row(expect)
     groups = _parse_all(files)
     last = -1 if expect.last_sha256 == "" else expect.batches
     for seq in sorted(groups):
         if seq > last:
             st.beyond.extend(f[0] for f in groups[seq])
+    wanted_at: dict[int, str] = {}
+    if last >= 0:
+        wanted_at = {last: tail_name(last, expect.last_sha256)}
+        if allow_strays:
+            wanted_at = _wanted_names(groups, last, expect.last_sha256)
     for seq in range(last + 1):
         cands = groups.get(seq, [])
-        wanted = tail_name(seq, expect.last_sha256) if seq == last else None
+        wanted = wanted_at.get(seq)
         if not cands:
             raise _Bad(wanted or _missing_name(seq, groups), f"chain file {seq} is missing")
-        # The row names the tail; for other seqs prefer the candidate that fits the chain.
+        # The row names the tail (and, walked back, the chain); otherwise prefer the candidate
+        # that fits the chain.
         order = sorted(cands, key=lambda f: (f[0] != wanted, f[0]))
+        if allow_strays and wanted is not None and order[0][0] == wanted:
+            order = order[:1]  # the chain's own file must verify; the others are strays
         chosen: tuple[_File, dict[str, Any], tuple[str, str] | None, int] | None = None
         first_bad: _Bad | None = None
         for cand in order:
             try:
-                doc, key, size = _step(seq, cand, st, expect)
+                doc, key, size = _step(seq, cand, st, expect, lines)
             except _Bad as bad:
                 first_bad = first_bad or bad
                 continue
@@ -233,9 +274,11 @@ def _walk(files: Sequence[tuple[str, FileData]], expect: ChainExpectation, st: _
         if chosen is None:
             assert first_bad is not None
             raise first_bad
-        for other in order:
+        for other in cands:
             if other is not chosen[0]:
-                raise _Bad(other[0], f"second file for chain position {seq}")
+                if not allow_strays:
+                    raise _Bad(other[0], f"second file for chain position {seq}")
+                st.strays.append(other[0])
         (name, parsed, _), doc, key, size = chosen
         st.nbytes += size
         st.link = parsed.sha256
@@ -262,21 +305,32 @@ def _walk(files: Sequence[tuple[str, FileData]], expect: ChainExpectation, st: _
 
 
 def verify_chain(
-    files: Sequence[tuple[str, FileData]], *, expect: ChainExpectation
+    files: Sequence[tuple[str, FileData]],
+    *,
+    expect: ChainExpectation,
+    allow_strays: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     st = _State()
     try:
-        _walk(files, expect, st)
+        _walk(files, expect, st, allow_strays, lines)
     except _Bad as bad:
         return st.report(bad)
     return st.report()
 
 
 def verify_prefix(
-    files: Sequence[tuple[str, FileData]], *, expect: ChainExpectation, full: bool = False
+    files: Sequence[tuple[str, FileData]],
+    *,
+    expect: ChainExpectation,
+    full: bool = False,
+    allow_strays: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     if full:
-        return verify_chain(files, expect=_not_complete(expect))
+        return verify_chain(
+            files, expect=_not_complete(expect), allow_strays=allow_strays, lines=lines
+        )
     st = _State()
     try:
         _check_row(expect)
@@ -291,10 +345,10 @@ def verify_prefix(
         if sha256_hex(data) != expect.last_sha256:
             raise _Bad(name, "contents do not hash to the sha256 in the name")
         if expect.batches == 0:
-            _check_manifest(name, data, expect)
+            st.manifest = _check_manifest(name, data, expect)
         else:
             try:
-                header = decode_batch(data).header
+                header = decode_batch(data, lines=lines).header
             except FormatError as exc:
                 raise _Bad(name, exc.args[0]) from None
             if header["job_id"] != expect.job_id.hex() or header["seq"] != expect.batches:

@@ -74,7 +74,7 @@ HEADER_KEYS = frozenset(
 )
 MAX_SEQ = 99_999_999
 
-_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$", re.ASCII)
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^(\d{8})-([0-9a-f]{64})\.(json|jsonl\.gz)$")
@@ -91,12 +91,24 @@ class FormatError(OrbitError):
 # --------------------------------------------------------------------------- values and names
 
 
+# One encoder and one decoder for every call: json.dumps/json.loads with options build a new
+# (Python-level) coder object per call, a third of the cost of a short line.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
+def _reject_float(text: str) -> Any:
+    raise ValueError("non-integer number")
+
+
+_DECODER = json.JSONDecoder(parse_float=_reject_float, parse_constant=_reject_float)
+
+
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, ``,``/``:`` separators, raw UTF-8, one trailing newline."""
     try:
-        text = json.dumps(
-            obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _CANONICAL.encode(obj)
         return text.encode("utf-8") + b"\n"
     except UnicodeEncodeError:
         raise SourceInvalid("text is not encodable as UTF-8 (lone surrogate)") from None
@@ -265,9 +277,7 @@ def build_manifest(
 
 def _loads_canonical(raw: bytes, what: str) -> Any:
     try:
-        obj = json.loads(
-            raw.decode("utf-8"), parse_float=_reject_float, parse_constant=_reject_float
-        )
+        obj = _DECODER.decode(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise FormatError(f"{what} is not UTF-8 JSON") from None
     try:
@@ -279,8 +289,19 @@ def _loads_canonical(raw: bytes, what: str) -> Any:
     return obj
 
 
-def _reject_float(text: str) -> Any:
-    raise ValueError("non-integer number")
+def _loads_canonical_text(text: str, what: str) -> Any:
+    """:func:`_loads_canonical` for one line already decoded from UTF-8 (without its newline)."""
+    try:
+        obj = _DECODER.decode(text)
+    except ValueError:
+        raise FormatError(f"{what} is not UTF-8 JSON") from None
+    try:
+        again = _CANONICAL.encode(obj)
+    except (TypeError, ValueError):
+        raise FormatError(f"{what} is not canonical JSON") from None
+    if again != text:  # a lone surrogate re-encodes raw, never as the escape it was read from
+        raise FormatError(f"{what} is not canonical JSON")
+    return obj
 
 
 def _need(cond: bool, reason: str) -> None:
@@ -429,17 +450,66 @@ def build_batch(
             t: [_encode_row(row, t) for row in rows] for t, rows in sorted(rec.children.items())
         }
         lines.append(canonical_json({"root": _encode_row(rec.root, "root"), "children": children}))
+    return build_batch_file(
+        job_id=job_id,
+        seq=seq,
+        prev_sha256=prev_sha256,
+        lines=lines,
+        first=keys[0],
+        last=keys[-1],
+        final=final,
+    )
+
+
+def build_batch_file(
+    *,
+    job_id: bytes,
+    seq: int,
+    prev_sha256: str,
+    lines: Sequence[bytes],
+    first: tuple[str, str],
+    last: tuple[str, str],
+    final: bool,
+) -> bytes:
+    """Batch file bytes from canonical root lines already encoded (by :func:`build_batch` or
+    :class:`orbit_tasks.archive.batch_lines.LineEncoder`), in (settled, id) order, with the
+    keys of the first and last root. The header is built here; gzip as described above."""
+    if not lines:
+        raise ValueError("a batch needs at least one root (empty ranges have no batches)")
+    _check_sha(prev_sha256)
+    batch_name(seq, prev_sha256)  # validates seq
     header = {
         "format": FORMAT,
         "job_id": _hex_id(job_id, "job_id"),
         "seq": seq,
         "prev_sha256": prev_sha256,
-        "roots": len(records),
-        "first": list(keys[0]),
-        "last": list(keys[-1]),
+        "roots": len(lines),
+        "first": list(first),
+        "last": list(last),
         "final": bool(final),
     }
     return _gzip(canonical_json(header) + b"".join(lines))
+
+
+def batch_header(data: bytes) -> dict[str, Any]:
+    """Only the header line of a batch file, inflating no further than it (the chain walk back
+    from a tail reads ``prev_sha256`` without decoding the roots). Checks the header's own form;
+    the file's hash, CRC and lines are the full decoder's business."""
+    _need(len(data) >= 18 and data[:4] == b"\x1f\x8b\x08\x00", "batch is not gzip (deflate)")
+    dec = zlib.decompressobj(-zlib.MAX_WBITS)
+    out, pos = b"", 10
+    try:
+        while b"\n" not in out and pos < len(data) and len(out) < 65536:
+            out += dec.decompress(data[pos : pos + 4096], 65536 - len(out))
+            pos += 4096
+    except zlib.error:
+        raise FormatError("batch gzip stream is corrupt") from None
+    _need(b"\n" in out, "batch header line is missing")
+    header = _loads_canonical(out[: out.index(b"\n") + 1], "batch header")
+    _need(isinstance(header, dict) and set(header) == HEADER_KEYS, "batch header keys differ")
+    prev = header["prev_sha256"]
+    _need(isinstance(prev, str) and bool(_HEX64.match(prev)), "batch header prev_sha256 bad")
+    return dict(header)
 
 
 def _is_key(v: Any) -> bool:
@@ -452,13 +522,19 @@ def _is_key(v: Any) -> bool:
     )
 
 
-def decode_batch(data: bytes, *, settled_column: str | None = None) -> DecodedBatch:
+def decode_batch(
+    data: bytes, *, settled_column: str | None = None, lines: str = "all"
+) -> DecodedBatch:
     """Parse and validate a batch file. Structural checks always; with ``settled_column`` also
-    every root's key, strict (settled, id) order and that ``first``/``last`` match the lines."""
+    every parsed root's key, strict (settled, id) order and that ``first``/``last`` match the
+    lines. ``lines="ends"`` parses only the first and the last line (the others are counted and
+    must be non-empty) and returns those two: every byte is still covered by the gzip CRC and
+    the file's SHA-256, but no other line is decoded (the runner's chain checks; ``orbit job
+    verify`` and export parse every line)."""
     payload = _gunzip(data)
     _need(payload.endswith(b"\n"), "batch does not end with a newline")
-    raw_lines = payload[:-1].split(b"\n")
-    header = _loads_canonical(raw_lines[0] + b"\n", "batch header")
+    head_end = payload.index(b"\n")
+    header = _loads_canonical(payload[: head_end + 1], "batch header")
     _need(isinstance(header, dict) and set(header) == HEADER_KEYS, "batch header keys differ")
     _need(header["format"] == FORMAT, "batch format is not orbit-archive/1")
     _need(isinstance(header["job_id"], str) and bool(_HEX32.match(header["job_id"])), "job_id bad")
@@ -470,25 +546,36 @@ def decode_batch(data: bytes, *, settled_column: str | None = None) -> DecodedBa
     _need(isinstance(header["final"], bool), "batch header final bad")
     _need(tuple(header["first"]) <= tuple(header["last"]), "batch header first > last")
     _need(header["roots"] > 1 or header["first"] == header["last"], "batch first != last")
-    _need(len(raw_lines) - 1 == header["roots"], "batch line count differs from header roots")
-    lines: list[dict[str, Any]] = []
-    for raw in raw_lines[1:]:
-        line = _loads_canonical(raw + b"\n", "batch line")
+    body = payload[head_end + 1 : -1]  # the root lines without the last newline
+    count = body.count(b"\n") + 1 if body else 0
+    _need(count == header["roots"], "batch line count differs from header roots")
+    if lines == "ends":  # (b"\n" never occurs inside a UTF-8 sequence)
+        _need(not body.startswith(b"\n") and b"\n\n" not in body, "batch line is empty")
+        ends = [body[: body.index(b"\n")], body[body.rindex(b"\n") + 1 :]] if count > 1 else [body]
+    else:
+        ends = [body]
+    try:  # one UTF-8 decode for all lines (or both ends)
+        texts = [t for raw in ends for t in raw.decode("utf-8").split("\n")]
+    except UnicodeDecodeError:
+        raise FormatError("batch line is not UTF-8 JSON") from None
+    parsed: list[dict[str, Any]] = []
+    for text in texts:
+        line = _loads_canonical_text(text, "batch line")
         _need(isinstance(line, dict) and set(line) == {"root", "children"}, "batch line keys bad")
         _need(isinstance(line["root"], dict), "batch line root bad")
         kids = line["children"]
         _need(isinstance(kids, dict), "batch line children bad")
         for rows in kids.values():
             _need(isinstance(rows, list) and all(isinstance(r, dict) for r in rows), "child bad")
-        lines.append(line)
+        parsed.append(line)
     if settled_column is not None:
-        keys = [(ln["root"].get(settled_column), ln["root"].get("id")) for ln in lines]
+        keys = [(ln["root"].get(settled_column), ln["root"].get("id")) for ln in parsed]
         for k in keys:
             _need(_is_key(list(k)), "root settled/id value bad")
         _need(all(a < b for a, b in zip(keys, keys[1:], strict=False)), "roots out of order")
         _need(list(keys[0]) == header["first"], "batch header first differs from first root")
         _need(list(keys[-1]) == header["last"], "batch header last differs from last root")
-    return DecodedBatch(header, lines)
+    return DecodedBatch(header, parsed)
 
 
 def batch_cursor(header: Mapping[str, Any]) -> tuple[datetime, bytes]:
@@ -557,14 +644,24 @@ class VerifyReport:
     final: bool
     cursor: tuple[datetime, builtins.bytes] | None = None
     beyond: tuple[str, ...] = ()
+    strays: tuple[str, ...] = ()  # with allow_strays: other files at confirmed chain positions
+    roots_total: int | None = None  # the manifest's, once the manifest verified
 
 
-def verify_chain(files: Sequence[tuple[str, bytes]], *, expect: ChainExpectation) -> VerifyReport:
+def verify_chain(
+    files: Sequence[tuple[str, bytes | Callable[[], bytes]]],
+    *,
+    expect: ChainExpectation,
+    allow_strays: bool = False,
+    lines: str = "all",
+) -> VerifyReport:
     """Verify a whole chain given (name, bytes) pairs in any order (see the module docstring).
-    Instead of bytes a pair may carry a zero-argument loader, called when the file is checked."""
+    Instead of bytes a pair may carry a zero-argument loader, called when the file is checked.
+    ``allow_strays`` (the runner): other files at confirmed positions are listed in
+    ``strays`` instead of failing the chain. ``lines``: see :func:`decode_batch`."""
     from orbit_tasks.archive import chain
 
-    return chain.verify_chain(files, expect=expect)
+    return chain.verify_chain(files, expect=expect, allow_strays=allow_strays, lines=lines)
 
 
 def verify_prefix(
@@ -572,8 +669,12 @@ def verify_prefix(
     *,
     expect: ChainExpectation,
     full: bool = False,
+    allow_strays: bool = False,
+    lines: str = "all",
 ) -> VerifyReport:
     """The runner's step 2: the tail only (``full=False``) or the whole confirmed prefix."""
     from orbit_tasks.archive import chain
 
-    return chain.verify_prefix(files, expect=expect, full=full)
+    return chain.verify_prefix(
+        files, expect=expect, full=full, allow_strays=allow_strays, lines=lines
+    )

@@ -3,19 +3,30 @@
 Ownership is compare-and-set on the job row: a claim moves PENDING / expired RUNNING to RUNNING
 with a fresh random ``lease_id``; every later write of that claim is fenced by
 ``lease_id = :mine AND state = 'RUNNING'`` (plus the confirmed ``batches``/``last_sha256`` it
-builds on). ``rowcount != 1`` means the lease is lost: :class:`LeaseLost`. ``now`` is always the
-database clock, read inside the same transaction.
+builds on). ``rowcount != 1`` means the lease is lost: :class:`LeaseLost`.
+
+Time comes from one seam, a :class:`~orbit_tasks.db.engine.Clock` (default: the database
+clock). Decisions taken in Python (claimable? abandon allowed?) use ``clock.now`` read in the
+same transaction; writes put ``clock.sql()`` inside the statement (``updated_at``, the chained
+lease end, the lease check), so a confirm needs no separate clock read. Tests pass a
+``FixedClock`` to stand at ``lease_until - 1 us``, ``= lease_until`` and ``+ 1 us``.
+
+Write functions take an ``Engine`` (one transaction on a pooled connection) or a ``Connection``
+(the runner keeps one per claim chain; each call is one transaction on it).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, and_, or_, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select, update
 
 from orbit_tasks.archive.jobs import (
     ErrorCode,
@@ -28,29 +39,46 @@ from orbit_tasks.archive.jobs import (
     claimable,
     is_takeover,
 )
-from orbit_tasks.archive.ranges import ArchiveRange, RangeInputs, derive_range
-from orbit_tasks.db.engine import db_now
+from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
+from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.platform_tables import archive_jobs as J
 from orbit_tasks.db.platform_tables import archive_plans
+from orbit_tasks.db.platform_tables import archive_policies as P
 from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
 from orbit_tasks.ids import random_id
-from orbit_tasks.platform.store import get_policy, insert_audit
+from orbit_tasks.platform.store import insert_audit
 
 After = Literal["keep", "chain", "release"]
+Bind = Engine | Connection
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim: the job row as this claim wrote it, and whether it took over a dead claim."""
+    """One claim: the job row as this claim wrote it, and whether it took over a dead claim.
+
+    ``job`` is built in Python from what the claim wrote (never re-read). Its ``lease_until``
+    and ``updated_at`` are exact for a claim by :func:`claim`; a claim chained by
+    :func:`confirm` keeps the previous values there, because the database clock sets them
+    inside that UPDATE (nothing in the runner decides on them: the fence is the lease id)."""
 
     job: Job
     lease_id: bytes
     takeover: bool
-    claimed_at: datetime  # database clock at the claim
+    claimed_at: datetime  # clock at the claim (of the chain's first claim when chained)
 
 
 def _key(ns_id: bytes, job_id: bytes) -> Any:
     return and_(J.c.namespace_id == ns_id, J.c.id == job_id)
+
+
+@contextmanager
+def _transaction(bind: Bind) -> Iterator[Connection]:
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            yield conn
+    else:
+        with bind.begin():
+            yield bind
 
 
 def get_job(conn: Connection, ns_id: bytes, job_id: bytes) -> Job | None:
@@ -68,25 +96,31 @@ def require_job(conn: Connection, ns_id: bytes, job_id: bytes) -> Job:
 # --- claim / confirm / release / fail / finalize -------------------------------------------------
 
 
-def claim(engine: Engine, ns_id: bytes, job_id: bytes, lease_seconds: int) -> Claim | None:
+def claim(
+    bind: Bind, ns_id: bytes, job_id: bytes, lease_seconds: int, *, clock: Clock = DB_CLOCK
+) -> Claim | None:
     """Compare-and-set PENDING (or RUNNING with ``lease_until < now``) -> RUNNING.
 
-    Returns None when the job is not claimable or another node won the race.
+    The row and the clock are read in one statement. Returns None when the job is not
+    claimable or another node won the race.
     """
-    with engine.begin() as conn:
-        now = db_now(conn)
-        job = get_job(conn, ns_id, job_id)
-        if job is None or not claimable(job.state, job.lease_until, now):
+    with _transaction(bind) as conn:
+        row = conn.execute(select(J, clock.sql().label("clock_now")).where(_key(ns_id, job_id)))
+        found = row.first()
+        if found is None:
+            return None
+        job, now = Job.from_row(found), found.clock_now
+        if not claimable(job.state, job.lease_until, now):
             return None
         lease_id = random_id()
-        cond = _as_seen(job, now)
+        lease_until = now + timedelta(seconds=lease_seconds)
         result = conn.execute(
             update(J)
-            .where(*cond)
+            .where(*_as_seen(job, now))
             .values(
                 state=JobState.RUNNING.value,
                 lease_id=lease_id,
-                lease_until=now + timedelta(seconds=lease_seconds),
+                lease_until=lease_until,
                 attempts=J.c.attempts + 1,
                 revision=J.c.revision + 1,
                 updated_at=now,
@@ -94,8 +128,16 @@ def claim(engine: Engine, ns_id: bytes, job_id: bytes, lease_seconds: int) -> Cl
         )
         if result.rowcount != 1:
             return None
-        after = require_job(conn, ns_id, job_id)
-    return Claim(after, lease_id, is_takeover(job.state), now)
+    claimed = replace(
+        job,
+        state=JobState.RUNNING,
+        lease_id=lease_id,
+        lease_until=lease_until,
+        attempts=job.attempts + 1,
+        revision=job.revision + 1,
+        updated_at=now,
+    )
+    return Claim(claimed, lease_id, is_takeover(job.state), now)
 
 
 def _as_seen(job: Job, now: datetime) -> list[Any]:
@@ -117,7 +159,7 @@ def _fence(c: Claim) -> list[Any]:
 
 
 def confirm(
-    engine: Engine,
+    bind: Bind,
     c: Claim,
     *,
     is_batch: bool,
@@ -126,41 +168,92 @@ def confirm(
     sha256: str,
     after: After,
     lease_seconds: int,
+    clock: Clock = DB_CLOCK,
 ) -> Claim | None:
     """Confirm one durably written file, fenced by the claim and the prefix it extends.
 
     ``after``: ``keep`` the lease (a final batch, finalize follows), ``chain`` the next claim into
-    the same statement (attempts+1, a fresh lease id and lease_until), or ``release`` the job to
-    PENDING (time slice over). Returns the chained claim for ``chain``, else None.
-    Raises :class:`LeaseLost` when the fence matches no row.
+    the same statement (attempts+1, a fresh lease id, ``lease_until`` = clock + lease), or
+    ``release`` the job to PENDING (time slice over). One UPDATE; the returned claim's row is
+    built in Python. Returns the chained claim for ``chain``, the same claim (with the new
+    counters) for ``keep``, None for ``release``. Raises :class:`LeaseLost` when the fence
+    matches no row.
     """
-    with engine.begin() as conn:
-        now = db_now(conn)
-        values: dict[str, Any] = dict(
-            batches=J.c.batches + (1 if is_batch else 0),
-            roots=J.c.roots + roots,
-            bytes=J.c.bytes + size,
-            last_sha256=sha256,
-        )
-        new_lease: bytes | None = None
-        if after == "chain":
-            new_lease = random_id()
-            values.update(
-                attempts=J.c.attempts + 1,
-                lease_id=new_lease,
-                lease_until=now + timedelta(seconds=lease_seconds),
-            )
-        elif after == "release":
-            values.update(state=JobState.PENDING.value, lease_id=None, lease_until=None)
-        _fenced_update(conn, c, now, "confirm", on_chain=True, **values)
-        job = require_job(conn, c.job.namespace_id, c.job.id)
+    job = c.job
+    confirmed = replace(
+        job,
+        batches=job.batches + (1 if is_batch else 0),
+        roots=job.roots + roots,
+        bytes=job.bytes + size,
+        last_sha256=sha256,
+        revision=job.revision + 1,
+    )
+    new_lease = random_id() if after == "chain" else None
+    if clock is DB_CLOCK:
+        stmt = _confirm_statement(after, lease_seconds)
+    else:  # a test clock: its instant is a literal of this one statement
+        stmt = _confirm_update(after, lease_seconds, clock)
+    params = dict(
+        w_ns=job.namespace_id, w_id=job.id, w_lease=c.lease_id, w_batches=job.batches,
+        w_tail=job.last_sha256, v_batches=confirmed.batches, v_roots=confirmed.roots,
+        v_bytes=confirmed.bytes, v_sha=sha256,
+    )  # fmt: skip
     if new_lease is not None:
-        return Claim(job, new_lease, False, now)
-    return Claim(job, c.lease_id, False, now) if after == "keep" else None
+        params["v_lease"] = new_lease
+    with _transaction(bind) as conn:
+        if conn.execute(stmt, params).rowcount != 1:
+            raise LeaseLost(f"job {job.id.hex()}: confirm rejected, lease lost")
+    if new_lease is not None:
+        chained = replace(confirmed, attempts=job.attempts + 1, lease_id=new_lease)
+        return Claim(chained, new_lease, False, c.claimed_at)
+    if after == "keep":
+        return Claim(confirmed, c.lease_id, False, c.claimed_at)
+    return None
+
+
+def _confirm_update(after: After, lease_seconds: int, clock: Clock) -> Any:
+    """The fenced confirm of one file (``lease_id``, RUNNING, the confirmed ``batches`` and
+    ``last_sha256`` it extends) with the clock inside the statement; parameters ``w_*`` (the
+    fence) and ``v_*`` (the new counters, the chained lease id)."""
+    values: dict[str, Any] = dict(
+        batches=bindparam("v_batches"),
+        roots=bindparam("v_roots"),
+        bytes=bindparam("v_bytes"),
+        last_sha256=bindparam("v_sha"),
+        revision=J.c.revision + 1,
+        updated_at=clock.sql(),
+    )
+    if after == "chain":
+        values.update(
+            attempts=J.c.attempts + 1,
+            lease_id=bindparam("v_lease"),
+            lease_until=clock.sql(lease_seconds),
+        )
+    elif after == "release":
+        values.update(state=JobState.PENDING.value, lease_id=None, lease_until=None)
+    return (
+        update(J)
+        .where(
+            J.c.namespace_id == bindparam("w_ns"),
+            J.c.id == bindparam("w_id"),
+            J.c.lease_id == bindparam("w_lease"),
+            J.c.state == JobState.RUNNING.value,
+            J.c.batches == bindparam("w_batches"),
+            J.c.last_sha256 == bindparam("w_tail"),
+        )
+        .values(**values)
+    )
+
+
+@functools.cache
+def _confirm_statement(after: After, lease_seconds: int) -> Any:
+    """:func:`_confirm_update` with the database clock, built once per shape: building an
+    UPDATE and its cache key costs about ten times the statement's own round trip."""
+    return _confirm_update(after, lease_seconds, DB_CLOCK)
 
 
 def _fenced_update(
-    conn: Connection, c: Claim, now: datetime, what: str, *, on_chain: bool, **values: Any
+    conn: Connection, c: Claim, clock: Clock, what: str, *, on_chain: bool, **values: Any
 ) -> None:
     """One write of claim ``c``: ``WHERE lease_id = :mine AND state = 'RUNNING'`` (and, with
     ``on_chain``, the confirmed ``batches``/``last_sha256`` it builds on); bumps the revision."""
@@ -168,46 +261,46 @@ def _fenced_update(
     if on_chain:
         cond += [J.c.batches == c.job.batches, J.c.last_sha256 == c.job.last_sha256]
     result = conn.execute(
-        update(J).where(*cond).values(**values, revision=J.c.revision + 1, updated_at=now)
+        update(J).where(*cond).values(**values, revision=J.c.revision + 1, updated_at=clock.sql())
     )
     if result.rowcount != 1:
         raise LeaseLost(f"job {c.job.id.hex()}: {what} rejected, lease lost")
 
 
-def check_lease(engine: Engine, c: Claim) -> None:
+def check_lease(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
     """Raise :class:`LeaseLost` unless claim ``c`` still holds a live lease on the prefix it
-    builds on (``lease_id``, RUNNING, ``batches``/``last_sha256``, ``lease_until > now``).
+    builds on (``lease_id``, RUNNING, ``batches``/``last_sha256``, ``lease_until >= now``: a lease
+    is expired only strictly after its end, as for a takeover).
 
     Called right before files are removed: a claim whose lease expired while it was paused must
     not take the new owner's confirmed files for leftovers."""
-    with engine.connect() as conn:
-        now = db_now(conn)
+    with _transaction(bind) as conn:
         row = conn.execute(
             select(J.c.id).where(
                 *_fence(c),
                 J.c.batches == c.job.batches,
                 J.c.last_sha256 == c.job.last_sha256,
-                J.c.lease_until > now,
+                J.c.lease_until >= clock.sql(),
             )
         ).first()
     if row is None:
         raise LeaseLost(f"job {c.job.id.hex()}: lease lost before removing leftovers")
 
 
-def release(engine: Engine, c: Claim) -> None:
+def release(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
     """Give the job back to PENDING (lease cleared) without confirming anything."""
-    with engine.begin() as conn:
+    with _transaction(bind) as conn:
         _fenced_update(
-            conn, c, db_now(conn), "release", on_chain=False,
+            conn, c, clock, "release", on_chain=False,
             state=JobState.PENDING.value, lease_id=None, lease_until=None,
         )  # fmt: skip
 
 
-def fail(engine: Engine, c: Claim, code: ErrorCode) -> None:
+def fail(bind: Bind, c: Claim, code: ErrorCode, *, clock: Clock = DB_CLOCK) -> None:
     """FAILED with ``code`` (lease cleared), fenced. The plan keeps ``active_job_id``."""
-    with engine.begin() as conn:
+    with _transaction(bind) as conn:
         _fenced_update(
-            conn, c, db_now(conn), "fail", on_chain=False,
+            conn, c, clock, "fail", on_chain=False,
             state=JobState.FAILED.value, error_code=code.value, lease_id=None, lease_until=None,
         )  # fmt: skip
 
@@ -224,12 +317,12 @@ def _clear_plan(conn: Connection, job: Job) -> None:
     )
 
 
-def finalize(engine: Engine, c: Claim) -> None:
+def finalize(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
     """SUCCEEDED with the lease cleared and the plan's ``active_job_id`` cleared (if it still
     points at this job), in one transaction, fenced by the claim and the confirmed chain."""
-    with engine.begin() as conn:
+    with _transaction(bind) as conn:
         _fenced_update(
-            conn, c, db_now(conn), "finalize", on_chain=True,
+            conn, c, clock, "finalize", on_chain=True,
             state=JobState.SUCCEEDED.value, lease_id=None, lease_until=None,
         )  # fmt: skip
         _clear_plan(conn, c.job)
@@ -246,13 +339,14 @@ def retry(
     actor: str,
     max_bytes: int | None = None,
     expect_revision: int | None = None,
+    clock: Clock = DB_CLOCK,
 ) -> Job:
     """FAILED -> PENDING, error_code cleared, optionally a higher ``max_bytes``; audited."""
     with engine.begin() as conn:
         job = require_job(conn, ns_id, job_id)
         check_expected_revision(job.revision, expect_revision)
         new_max = check_retry(job.state, job.max_bytes, max_bytes)
-        now = db_now(conn)
+        now = clock.now(conn)
         result = conn.execute(
             update(J)
             .where(*_as_seen(job, now))
@@ -292,13 +386,15 @@ def abandon(
     *,
     actor: str,
     expect_revision: int | None = None,
+    clock: Clock = DB_CLOCK,
 ) -> Job:
     """FAILED / PENDING / expired RUNNING -> ABANDONED; clears the plan's active job; audited.
-    Files stay on the volume."""
+    Files stay on the volume. Whether a RUNNING lease has expired is decided on ``clock.now``
+    and the compare-and-set repeats ``lease_until < now`` with that same value."""
     with engine.begin() as conn:
         job = require_job(conn, ns_id, job_id)
         check_expected_revision(job.revision, expect_revision)
-        now = db_now(conn)
+        now = clock.now(conn)
         check_abandon(job.state, job.lease_until, now)
         cond = _as_seen(job, now)
         result = conn.execute(
@@ -378,15 +474,31 @@ def list_jobs(
 
 
 def job_range(conn: Connection, job: Job) -> ArchiveRange:
-    """The job's fixed range, recomputed from database rows (SPEC §5).
+    """The job's fixed range, recomputed from database rows (SPEC §5): ``from`` is the greatest
+    ``until`` among all SUCCEEDED jobs of (namespace, kind) created before this one, whatever
+    their storage, each with its own policy revision.
 
-    Raises ``JobFailure(POLICY_MISSING)`` when a policy revision row it needs is gone.
+    Two statements: the latest-created earlier success per policy revision (the greatest
+    ``until`` of one revision belongs to its latest job), then those policy rows. Raises
+    ``JobFailure(POLICY_MISSING)`` when a policy revision row it needs is gone.
     """
-    policy = get_policy(conn, job.namespace_id, job.kind, job.policy_revision)
-    if policy is None:
-        raise JobFailure(ErrorCode.POLICY_MISSING)
-    prev = conn.execute(
-        select(J.c.created_at, J.c.policy_revision)
+    earlier = conn.execute(earlier_successes_query(job)).all()
+    latest = {int(rev): created for rev, created in earlier}
+    after = policy_seconds(conn, job.namespace_id, job.kind, {job.policy_revision, *latest})
+    return derive_range(
+        RangeInputs(
+            job.created_at,
+            after[job.policy_revision],
+            tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
+        )
+    )
+
+
+def earlier_successes_query(job: Job) -> Any:
+    """(policy_revision, latest created_at) of the SUCCEEDED jobs of (namespace, kind) created
+    before ``job`` (``created_at < :c OR (created_at = :c AND id < :id)``, ix_archive_job_list)."""
+    return (
+        select(J.c.policy_revision, func.max(J.c.created_at))
         .where(
             J.c.namespace_id == job.namespace_id,
             J.c.kind == job.kind,
@@ -396,22 +508,23 @@ def job_range(conn: Connection, job: Job) -> ArchiveRange:
                 and_(J.c.created_at == job.created_at, J.c.id < job.id),
             ),
         )
-        .order_by(J.c.created_at.desc(), J.c.id.desc())
-        .limit(1)
-    ).first()
-    if prev is None:
-        return derive_range(RangeInputs(job.created_at, policy.archive_after_seconds))
-    prev_policy = get_policy(conn, job.namespace_id, job.kind, int(prev.policy_revision))
-    if prev_policy is None:
-        raise JobFailure(ErrorCode.POLICY_MISSING)
-    return derive_range(
-        RangeInputs(
-            job.created_at,
-            policy.archive_after_seconds,
-            prev.created_at,
-            prev_policy.archive_after_seconds,
-        )
+        .group_by(J.c.policy_revision)
     )
+
+
+def policy_seconds(
+    conn: Connection, ns_id: bytes, kind: str, revisions: set[int]
+) -> dict[int, int]:
+    """``archive_after_seconds`` of the given policy revisions; POLICY_MISSING if one is gone."""
+    rows = conn.execute(
+        select(P.c.revision, P.c.archive_after_seconds).where(
+            P.c.namespace_id == ns_id, P.c.kind == kind, P.c.revision.in_(sorted(revisions))
+        )
+    ).all()
+    found = {int(rev): int(seconds) for rev, seconds in rows}
+    if set(found) != revisions:
+        raise JobFailure(ErrorCode.POLICY_MISSING)
+    return found
 
 
 def chain_expectation(job: Job, *, complete: bool) -> Any:

@@ -1,13 +1,17 @@
 """Fixed archive range of a job (SPEC §5). Pure: the store reads the inputs from database rows.
 
 ``until = job.created_at - archive_after_seconds`` of the job's frozen policy revision.
-``from = until`` of the latest SUCCEEDED job of the same (namespace, kind) created before this one
-(computed with *that* job's own policy revision), or ``None`` (the beginning of time).
+``from`` = the greatest ``until`` among all SUCCEEDED jobs of the same (namespace, kind) created
+before this one (each computed with *that* job's own policy revision), or ``None`` (the beginning
+of time). Not the latest success's ``until``: after a policy was lengthened and shortened again
+(1h -> 30d -> 1h) the latest success can end behind an earlier one, and a range starting there
+would archive the earlier job's roots a second time.
 The job archives exactly the roots with ``from <= settled < until``; empty when ``until <= from``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -28,24 +32,34 @@ class ArchiveRange:
 
 
 @dataclass(frozen=True)
-class RangeInputs:
-    """What the store reads: this job's creation time and policy, and the previous success."""
+class EarlierSuccess:
+    """A SUCCEEDED job of the same (namespace, kind) created before the job: when it was created
+    and its own policy's ``archive_after_seconds``."""
 
     created_at: datetime
     archive_after_seconds: int
-    previous_created_at: datetime | None = None
-    previous_archive_after_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class RangeInputs:
+    """What the store reads: this job's creation time and policy, and the earlier successes
+    (any subset that contains, per policy revision, the latest-created success suffices)."""
+
+    created_at: datetime
+    archive_after_seconds: int
+    earlier_successes: tuple[EarlierSuccess, ...] = ()
 
 
 def range_until(created_at: datetime, archive_after_seconds: int) -> datetime:
     return created_at - timedelta(seconds=archive_after_seconds)
 
 
+def range_from(earlier_successes: Iterable[EarlierSuccess]) -> datetime | None:
+    """The greatest ``until`` of the earlier successes, ``None`` when there is none."""
+    untils = [range_until(e.created_at, e.archive_after_seconds) for e in earlier_successes]
+    return max(untils, default=None)
+
+
 def derive_range(inputs: RangeInputs) -> ArchiveRange:
     until = range_until(inputs.created_at, inputs.archive_after_seconds)
-    if inputs.previous_created_at is None:
-        return ArchiveRange(None, until)
-    if inputs.previous_archive_after_seconds is None:
-        raise ValueError("previous job given without its policy's archive_after_seconds")
-    start = range_until(inputs.previous_created_at, inputs.previous_archive_after_seconds)
-    return ArchiveRange(start, until)
+    return ArchiveRange(range_from(inputs.earlier_successes), until)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
 from orbit_tasks.archive import job_store, runner, source
 from orbit_tasks.archive.jobs import JobState
@@ -50,11 +50,59 @@ def test_batch_keyset_query_uses_the_settled_index(platform_engine: Engine) -> N
     assert set(SETTLED_INDEX) == set(HISTORY_KINDS)
     with platform_engine.connect() as conn:
         for kind, index in SETTLED_INDEX.items():
-            q = source.roots_query(kind, b"\x02" * 16, rng, cursor, 101)
-            sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
-            assert " OR " in sql and "(" in sql  # expanded keyset form, no row constructor
-            rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
-            assert rows[0]["key"] == index, (kind, rows)
+            # the read-ahead's query: several batches (1,000 roots + 1 peeked) at once, datetimes
+            # formatted by the server; and the children of 1,000 roots at once
+            for q in (
+                source.roots_query(kind, b"\x02" * 16, rng, cursor, 101),
+                source.roots_query(kind, b"\x02" * 16, rng, cursor, 1001, server_times=True),
+            ):
+                sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
+                assert " OR " in sql and "(" in sql  # expanded keyset form, no row constructor
+                rows = conn.execute(text("EXPLAIN " + sql.replace("%", "%%"))).mappings().all()
+                assert rows[0]["key"] == index and "filesort" not in rows[0]["Extra"], (kind, rows)
+
+
+def test_read_ahead_children_query_walks_the_settled_index_into_the_primary_key(
+    platform_engine: Engine,
+) -> None:
+    """The children of a chunk of ~1,000 roots in one query: the roots' keyset walk of the
+    settled index, joined to the child's PRIMARY (namespace_id, parent, no). On tables with
+    rows (an empty table makes any plan a full scan)."""
+    import random
+    from datetime import datetime, timedelta
+
+    from orbit_tasks.db.engine import db_now
+    from orbit_tasks.platform import generator, store
+
+    with platform_engine.begin() as conn:
+        ns = store.create_namespace(conn, "explain-children")
+        q = store.create_queue(conn, ns, "default")
+        for kind in ("tasks", "workflows", "deliveries"):
+            spec = generator.make_spec(kind, 2500, days=3)
+            generator.seed_history(conn, spec, ns, [q], random.Random(1), db_now(conn))
+            hk = HISTORY_KINDS[kind]
+            conn.execute(text(f"ANALYZE TABLE {hk.root.name}, {hk.children[0].table.name}"))
+    rng = ArchiveRange(None, datetime(2100, 1, 1))
+    with platform_engine.connect() as conn:
+        for kind, index in (
+            ("tasks", "ix_task_settled"),
+            ("workflows", "ix_workflow_settled"),
+            ("deliveries", "ix_delivery_settled"),
+        ):
+            hk = HISTORY_KINDS[kind]
+            (child,) = hk.children
+            start = (db_now(conn) - timedelta(days=2), b"\x00" * 16)
+            through = (db_now(conn) - timedelta(days=1), b"\xff" * 16)
+            cq = source.children_query(kind, child, ns, rng, start, through, server_times=True)
+            compiled = cq.compile(conn)
+            cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            params = [compiled.params[p] for p in compiled.positiontup or ()]
+            cur.execute("EXPLAIN " + str(compiled), params)
+            plans = {row[2]: row for row in cur.fetchall()}  # table -> (.., type, keys, key, ..)
+            root_plan, child_plan = plans[hk.root.name], plans[child.table.name]
+            assert root_plan[5] == index and root_plan[3] == "range", (kind, plans)
+            assert child_plan[5] == "PRIMARY" and child_plan[3] in ("ref", "eq_ref"), (kind, plans)
+            assert "filesort" not in (root_plan[9] or "") + (child_plan[9] or ""), (kind, plans)
 
 
 def test_time_slice_releases_and_continues(
@@ -287,7 +335,7 @@ def test_worker_archive_verifies_volumes_before_starting(
 def test_other_hot_job_queries_use_their_indexes(platform_engine: Engine) -> None:
     from datetime import datetime
 
-    from sqlalchemy import and_, or_, select
+    from sqlalchemy import and_, or_
 
     from orbit_tasks.db.history_tables import task_attempts
     from orbit_tasks.db.platform_tables import archive_jobs as J
@@ -306,17 +354,31 @@ def test_other_hot_job_queries_use_their_indexes(platform_engine: Engine) -> Non
         .where(task_attempts.c.namespace_id == ns, task_attempts.c.task_id.in_([ns, b"\x03" * 16]))
         .order_by(*task_attempts.primary_key.columns)
     )
+    job = job_store.Job(
+        namespace_id=ns, id=ns, kind="tasks", plan_revision=1, policy_revision=1,
+        storage_id=ns, batch_size=10, max_bytes=1 << 20, state=JobState.PENDING, revision=1,
+        attempts=0, batches=0, roots=0, bytes=0, last_sha256="", error_code="", lease_id=None,
+        lease_until=None, created_at=t, updated_at=t,
+    )  # fmt: skip
+    earlier = job_store.earlier_successes_query(job)  # the range's "from" (once per claim chain)
     with platform_engine.connect() as conn:
-        for q, index in ((listing, "ix_archive_job_list"), (children, "PRIMARY")):
+        for q, indexes in (
+            (listing, {"ix_archive_job_list"}),
+            (children, {"PRIMARY"}),
+            (earlier, {"ix_archive_job_list", "PRIMARY"}),  # both lead with namespace_id
+        ):
             sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
             rows = conn.execute(text("EXPLAIN " + sql)).mappings().all()
-            assert rows[0]["key"] == index, (sql, rows)
+            assert rows[0]["key"] in indexes and rows[0]["type"] != "ALL", (sql, rows)
 
 
-def test_job_range_uses_the_previous_success_and_its_own_policy(platform_engine: Engine) -> None:
-    """from = until of the latest SUCCEEDED job of (namespace, kind) created before this one,
-    computed with that job's policy revision; FAILED/ABANDONED, later, other-kind and
-    other-namespace jobs do not count; a created_at tie is broken by id."""
+def test_job_range_uses_the_earlier_successes_and_their_own_policies(
+    platform_engine: Engine,
+) -> None:
+    """from = the greatest until among the SUCCEEDED jobs of (namespace, kind) created before
+    this one, each computed with its own policy revision; FAILED/ABANDONED, later, other-kind
+    and other-namespace jobs do not count; a created_at tie is broken by id; a missing policy
+    row of an earlier success is POLICY_MISSING."""
     import datetime as dt
 
     from sqlalchemy import insert
@@ -381,3 +443,21 @@ def test_job_range_uses_the_previous_success_and_its_own_policy(platform_engine:
     high = job("PENDING", tie, policy=1, id=ids[1])
     assert rng(high) == ArchiveRange(tie - 5 * day, tie - 2 * day)  # from: low's own policy
     assert rng(low) == ArchiveRange(t0 + 3 * day, tie - 5 * day)  # the job created at t0+5d
+    job("SUCCEEDED", tie + day, policy=2)  # until tie - 4d: the greatest so far
+    with platform_engine.begin() as conn:
+        store.add_policy_revision(conn, ns, "tasks", 30 * 86400, "t")  # revision 3: 30 days
+    job("SUCCEEDED", tie + 3 * day, policy=3)  # the latest success; its until is tie - 27d
+    after_long = job("PENDING", tie + 4 * day, policy=1)  # from: not tie - 27d (roots twice)
+    assert rng(after_long) == ArchiveRange(tie - 4 * day, tie + 2 * day)
+    from orbit_tasks.archive.jobs import ErrorCode, JobFailure
+    from orbit_tasks.db.platform_tables import archive_policies
+
+    with platform_engine.begin() as conn:
+        conn.execute(
+            archive_policies.delete().where(
+                archive_policies.c.namespace_id == ns, archive_policies.c.revision == 3
+            )
+        )
+    with pytest.raises(JobFailure) as missing:
+        rng(after_long)  # its own policy exists; an earlier success's is gone
+    assert missing.value.code is ErrorCode.POLICY_MISSING

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, insert, select
 from orbit_tasks.archive.fileformat import parse_name, tail_name
 from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.volume import job_dir, write_identity
+from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.platform import generator
@@ -119,6 +120,32 @@ def test_sigkill_at_a_step_boundary_then_takeover(
     assert_succeeded_exactly(ae, done, vol)
 
 
+def test_sigkill_while_read_ahead_batches_are_in_flight_then_takeover(ae: ArchiveEnv) -> None:
+    """The worker is killed with batch 1 written but not confirmed and the read-ahead thread
+    holding the batches after it (prepared, never written: the read-ahead writes nothing). The
+    takeover removes the unconfirmed file and finishes; one claim died."""
+    ns, _, vol, _ = _setup(ae, "readahead", roots=60)
+    written, ahead = ae.tmp / "m-written", ae.tmp / "m-ahead"
+    points = f"archive.after_file_write=pause@2:{written};archive.read_ahead=pause@3:{ahead}"
+    victim = ae.worker("victim", [vol], failpoints=points)
+    job = create_job(ae, ns, "tasks")
+    wait_marker(written)  # the main thread: batch 1 durable, its confirm not sent
+    wait_marker(ahead)  # the read-ahead thread: batches 2 and 3 prepared and handed over
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(timeout=10)
+    at_kill = ae.job(ns, job.id)
+    assert at_kill.state is JobState.RUNNING and at_kill.batches == 0 and at_kill.has_manifest
+    files = file_snapshot(vol, job)
+    confirmed = _confirmed(files, at_kill)
+    assert len(files) == len(confirmed) + 1  # batch 1 only: nothing was written ahead of it
+    ae.worker("rescuer", [vol])
+    done = wait_state(ae, job, DONE, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done
+    assert done.attempts == done.batches + 2  # the killed claim confirmed nothing
+    _assert_kept(vol, job, confirmed)
+    assert_succeeded_exactly(ae, done, vol)
+
+
 def test_duplicate_wakeup_has_one_owner(ae: ArchiveEnv) -> None:
     ns, _, vol, sid = _setup(ae, "dup", roots=40)
     w1 = ae.worker("one", [vol])
@@ -180,19 +207,32 @@ def _is_stopped(pid: int) -> bool:
 
 
 def test_redis_flush_only_delays_until_the_next_tick(ae: ArchiveEnv) -> None:
-    ns, _, vol, _ = _setup(ae, "flush", roots=30)
+    ns, _, vol, sid = _setup(ae, "flush", roots=30)
     r = redis.Redis.from_url(REDIS_URL)
+    queue = queue_name(sid)
     job = create_job(ae, ns, "tasks")  # wake-up published ...
-    r.flushdb()  # ... and lost
-    ae.worker("w", [vol])
-    time.sleep(1.0)
-    assert ae.job(ns, job.id).state is JobState.PENDING  # nobody was woken
+    assert r.llen(queue) == 1  # ... it waits in the storage queue ...
+    r.flushdb()  # ... and is lost
+    w = ae.worker("w", [vol])
+    # The lost wake-up, observed directly: the worker answers over the broker that it consumes
+    # the storage queue, the queue is empty, and the job was never claimed.
+    wait_for(lambda: queue in _consumed_queues(ae, w), 30, "the worker consuming its queue")
+    assert r.llen(queue) == 0
+    idle = ae.job(ns, job.id)
+    assert idle.state is JobState.PENDING and idle.attempts == 0  # nobody was woken
     ae.worker("control", [])  # what beat does every ORBIT_TICK_SECONDS:
     ae.app.send_task("orbit.archive.tick", queue="orbit.control")  # the sweep publishes again
     done = wait_state(ae, job, DONE, timeout=60, wake=False)
     assert done.state is JobState.SUCCEEDED
     assert_succeeded_exactly(ae, done, vol)
     r.close()
+
+
+def _consumed_queues(ae: ArchiveEnv, w: Any) -> set[str]:
+    """Queues the worker says it consumes (a real remote-control call over the broker)."""
+    hostname = f"{w.name}-{os.getpid()}@test"
+    replies = ae.app.control.inspect(destination=[hostname], timeout=1.0).active_queues() or {}
+    return {q["name"] for q in replies.get(hostname, [])}
 
 
 def test_tampered_batch_is_chain_broken_and_verify_names_it(ae: ArchiveEnv) -> None:
@@ -401,13 +441,11 @@ def test_big_batch_is_halved_and_a_too_large_root_fails_until_the_budget_grows(
 
 
 def test_stall_guard_fails_a_job_that_keeps_dying_and_retry_proceeds(ae: ArchiveEnv) -> None:
-    from orbit_tasks.archive import job_store
 
     ns, _, vol, sid = _setup(ae, "stall", roots=10)
     job = create_job(ae, ns, "tasks")
     for _ in range(2):  # two claims that die without confirming anything
-        assert job_store.claim(ae.engine, ns, job.id, lease_seconds=1) is not None
-        time.sleep(1.05)
+        assert _dead_claim(ae, ns, job.id) is not None
     # takeover: attempts 3, batches 0 -> 3 - 0 - 1 = 2 stalls >= max_stalls 2
     assert _run(ae, job, vol, sid, archive_max_stalls=2) == "failed"
     stalled = ae.job(ns, job.id)
@@ -477,16 +515,37 @@ def test_lock_wait_timeout_is_transient_not_a_failure(ae: ArchiveEnv) -> None:
 
 
 def test_abandon_of_running_only_after_the_lease_expired(ae: ArchiveEnv) -> None:
+    """Through the CLI (the database clock): a lease an hour from its end is live; a lease that
+    ended an hour ago (a claim written with a clock in the past) has expired. The exact
+    microsecond boundary is in test_job_store_contract.py."""
     from orbit_tasks.archive import job_store
 
     ns, _, _, _ = _setup(ae, "abrun", roots=3)
     job = create_job(ae, ns, "tasks")
-    assert job_store.claim(ae.engine, ns, job.id, lease_seconds=1) is not None
+    holder = job_store.claim(ae.engine, ns, job.id, lease_seconds=3600)
+    assert holder is not None
     live = ae.orbit("job", "abandon", "abrun", job.id.hex(), check=False)
     assert live.returncode == 3 and "live lease" in live.stderr
-    time.sleep(1.1)
+    job_store.release(ae.engine, holder)
+    assert _dead_claim(ae, ns, job.id) is not None
     out = cli_json(ae.orbit("job", "abandon", "abrun", job.id.hex(), "--json"))
     assert out["state"] == "ABANDONED" and out["lease_until"] is None
+
+
+def _dead_claim(ae: ArchiveEnv, ns: bytes, job_id: bytes) -> Any:
+    """A claim whose lease ended an hour ago by the database clock: the worker that took it is
+    gone (what a 1 s lease and a sleep used to stand for, without depending on the load)."""
+    from datetime import timedelta
+
+    from orbit_tasks.archive import job_store
+    from orbit_tasks.db.engine import FixedClock
+
+    with ae.engine.connect() as conn:
+        past = db_now(conn) - timedelta(hours=1)
+        job = job_store.require_job(conn, ns, job_id)
+    if job.lease_until is not None:  # right after the previous dead claim's lease
+        past = max(past, job.lease_until + timedelta(microseconds=1))
+    return job_store.claim(ae.engine, ns, job_id, lease_seconds=60, clock=FixedClock(past))
 
 
 def test_database_connections_killed_mid_run(ae: ArchiveEnv) -> None:
@@ -546,13 +605,12 @@ def test_database_connections_killed_mid_run(ae: ArchiveEnv) -> None:
 def test_stale_claim_resuming_after_a_takeover_deletes_no_confirmed_file(ae: ArchiveEnv) -> None:
     """A worker whose lease expired while it was paused (right after its claim) resumes after the
     new owner finished the job: it must notice the lost lease before removing "leftovers"."""
-    from orbit_tasks.archive import job_store, runner
+    from orbit_tasks.archive import runner
 
     ns, _, vol, sid = _setup(ae, "zombie", roots=10)
     job = create_job(ae, ns, "tasks")
-    stale = job_store.claim(ae.engine, ns, job.id, lease_seconds=1)
+    stale = _dead_claim(ae, ns, job.id)  # its lease expired while its worker was paused
     assert stale is not None
-    time.sleep(1.05)  # the stale claim's lease expires while its worker is paused
     assert _run(ae, job, vol, sid) == "succeeded"  # takeover by a live worker
     done = ae.job(ns, job.id)
     kept = file_snapshot(vol, done)
@@ -616,19 +674,23 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     then finds N already there with identical bytes and confirms it. The stale writer's removal
     (its confirm was rejected) must not delete the file the owner is confirming."""
     from orbit_tasks.archive import fileformat as ff
-    from orbit_tasks.archive import job_store, runner
+    from orbit_tasks.archive import job_store, leftovers, runner
     from orbit_tasks.archive.volume import store_job_file
     from orbit_tasks.errors import LeaseLost
 
     ns, _, vol, sid = _setup(ae, "adopted", roots=5)
     job = create_job(ae, ns, "tasks")
-    stale = job_store.claim(ae.engine, ns, job.id, lease_seconds=1)
+    stale = _dead_claim(ae, ns, job.id)
     assert stale is not None
-    time.sleep(1.05)
     owner = job_store.claim(ae.engine, ns, job.id, lease_seconds=60)  # takeover
     assert owner is not None and owner.takeover
+    from types import SimpleNamespace
+
     with ae.engine.connect() as conn:
-        written = runner._next_file(conn, owner.job, job_store.job_range(conn, owner.job), None)
+        with conn.begin():
+            rng = job_store.job_range(conn, owner.job)
+        data, _ = runner.manifest_file(conn, owner.job, rng)
+    written = SimpleNamespace(name=ff.manifest_name(ff.sha256_hex(data)), data=data)
     assert written is not None  # the manifest: identical bytes for both claims
     d = job_dir(vol, ns, job.id)
     mine = store_job_file(d, written.name, written.data)  # the stale claim's late write
@@ -640,7 +702,8 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
             ae.engine, stale, is_batch=False, roots=0, size=len(written.data),
             sha256=ff.sha256_hex(written.data), after="keep", lease_seconds=60,
         )  # fmt: skip
-    runner._remove_unless_confirmed(ae.engine, stale, d, written.name, mine)
+    with ae.engine.connect() as conn:
+        leftovers.remove_unless_confirmed(conn, stale, d, written.name, mine)
     job_store.confirm(
         ae.engine, owner, is_batch=False, roots=0, size=len(written.data),
         sha256=ff.sha256_hex(written.data), after="release", lease_seconds=60,

@@ -336,6 +336,31 @@ def test_decode_batch_checks_lines_against_header() -> None:
         ff.decode_batch(gz(head + b"\n" + l1 + b" \n" + l2 + b"\n"))
 
 
+def test_decode_batch_ends_parses_only_the_first_and_last_line() -> None:
+    """The runner's chain checks (``lines="ends"``) parse the first and the last line and count
+    the others; ``orbit job verify`` (``"all"``) parses every line. A middle line no encoder of
+    ours writes (not canonical) is what only the full check reports."""
+    recs = [record(1), record(2), record(3)]
+    payload = gzip.decompress(_batch(records=recs))
+    head, l1, l2, l3, _ = payload.split(b"\n")
+    odd = ff._gzip(head + b"\n" + l1 + b"\n" + l2 + b" \n" + l3 + b"\n")
+    ends = ff.decode_batch(odd, settled_column="finished_at", lines="ends")
+    assert [ln["root"]["id"] for ln in ends.lines] == [rid(1).hex(), rid(3).hex()]
+    with pytest.raises(ff.FormatError, match="canonical"):
+        ff.decode_batch(odd, settled_column="finished_at")
+    for bad in (  # what the ends check still catches
+        head + b"\n" + l1 + b" \n" + l2 + b"\n" + l3 + b"\n",  # first line not canonical
+        head + b"\n" + l1 + b"\n" + l2 + b"\n" + l3 + b" \n",  # last line not canonical
+        head + b"\n" + l1 + b"\n\n" + l3 + b"\n",  # an empty line
+        head + b"\n" + l1 + b"\n" + l3 + b"\n",  # a line missing
+        head + b"\n" + l2 + b"\n" + l1 + b"\n" + l3 + b"\n",  # first line is not `first`
+    ):
+        with pytest.raises(ff.FormatError):
+            ff.decode_batch(ff._gzip(bad), settled_column="finished_at", lines="ends")
+    single = _batch(records=[record(4)])
+    assert len(ff.decode_batch(single, settled_column="finished_at", lines="ends").lines) == 1
+
+
 # --------------------------------------------------------------------------- chain verification
 
 

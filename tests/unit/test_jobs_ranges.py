@@ -21,7 +21,13 @@ from orbit_tasks.archive.jobs import (
     lease_expired,
     over_budget,
 )
-from orbit_tasks.archive.ranges import ArchiveRange, RangeInputs, derive_range
+from orbit_tasks.archive.ranges import (
+    ArchiveRange,
+    EarlierSuccess,
+    RangeInputs,
+    derive_range,
+    range_from,
+)
 from orbit_tasks.errors import IllegalState, InvalidInput, StaleRevision
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, 500000)
@@ -126,12 +132,14 @@ def test_range_first_job_starts_at_the_beginning_of_time() -> None:
     assert not rng.contains(NOW - timedelta(hours=1))  # until is exclusive
 
 
+def _after(created: datetime, seconds: int) -> EarlierSuccess:
+    return EarlierSuccess(created, seconds)
+
+
 def test_chained_ranges_meet_exactly() -> None:
     first = derive_range(RangeInputs(NOW, 3600))
     later = NOW + timedelta(days=1)
-    second = derive_range(
-        RangeInputs(later, 7200, previous_created_at=NOW, previous_archive_after_seconds=3600)
-    )
+    second = derive_range(RangeInputs(later, 7200, (_after(NOW, 3600),)))
     assert second.from_ == first.until  # computed with the previous job's own policy
     assert second.until == later - timedelta(hours=2)
     boundary = first.until
@@ -141,24 +149,27 @@ def test_chained_ranges_meet_exactly() -> None:
 
 def test_empty_range_when_until_not_after_from() -> None:
     # the policy got longer: the new until falls before the previous job's until
-    rng = derive_range(
-        RangeInputs(
-            NOW,
-            7200,
-            previous_created_at=NOW - timedelta(minutes=30),
-            previous_archive_after_seconds=3600,
-        )
-    )
+    rng = derive_range(RangeInputs(NOW, 7200, (_after(NOW - timedelta(minutes=30), 3600),)))
     assert rng.until < rng.from_  # type: ignore[operator]
     assert rng.empty
-    equal = derive_range(
-        RangeInputs(NOW, 3600, previous_created_at=NOW, previous_archive_after_seconds=3600)
-    )
+    equal = derive_range(RangeInputs(NOW, 3600, (_after(NOW, 3600),)))
     assert equal.empty and not equal.contains(equal.until - US)
-    one_us = derive_range(
-        RangeInputs(NOW + US, 3600, previous_created_at=NOW, previous_archive_after_seconds=3600)
-    )
+    one_us = derive_range(RangeInputs(NOW + US, 3600, (_after(NOW, 3600),)))
     assert not one_us.empty and one_us.contains(one_us.from_)  # type: ignore[arg-type]
+
+
+def test_from_is_the_greatest_until_of_all_earlier_successes() -> None:
+    """Policy 1h -> 30d -> 1h: the 30d job's until lies far behind the first job's; the third
+    job starts at the first job's until, not at the latest success's (SPEC §5, issue 7)."""
+    a, b, c = NOW, NOW + timedelta(days=1), NOW + timedelta(days=2)
+    first = derive_range(RangeInputs(a, 3600))
+    lengthened = derive_range(RangeInputs(b, 30 * 86400, (_after(a, 3600),)))
+    assert lengthened.empty and lengthened.from_ == first.until
+    shortened = derive_range(RangeInputs(c, 3600, (_after(b, 30 * 86400), _after(a, 3600))))
+    assert shortened.from_ == first.until  # not b - 30d, which would re-archive a's roots
+    assert shortened == derive_range(RangeInputs(c, 3600, (_after(a, 3600), _after(b, 2592000))))
+    assert range_from([]) is None
+    assert range_from([_after(a, 3600), _after(a - US, 3600)]) == a - timedelta(hours=1)
 
 
 def test_failpoints_inert_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
