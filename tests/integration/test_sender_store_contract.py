@@ -418,9 +418,8 @@ def test_no_exchange_starts_that_could_end_after_the_pass(
 # --- plans of the hot statements (MariaDB) -------------------------------------------------------
 
 
-def test_hot_statements_use_their_index(biz: Engine) -> None:
-    if biz.dialect.name == "sqlite":
-        pytest.skip("EXPLAIN of MariaDB plans")
+def test_hot_statements_use_their_index(business_engine: Engine) -> None:
+    biz = business_engine  # MariaDB only: these are MariaDB plans
     add_rows(biz, 40, queue=Q)
     add_rows(biz, 40, queue="4d" * 16)
     relay = relay_at(biz, T0)

@@ -27,9 +27,6 @@ ALERTS = [
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
 ]
-# Commands of other branches that the runbook already documents (SPEC §12).
-PENDING_COMMANDS = {("metrics", "serve"), ("db", "check"), ("db", "current")}
-PENDING_COMMANDS |= {("sender", "db", "check"), ("sender", "db", "current")}
 
 
 def _text() -> str:
@@ -46,11 +43,9 @@ def _anchors() -> set[str]:
 
 def _alert_names() -> list[str]:
     rules = REPO / "compose" / "prometheus" / "alerts.yml"
-    if rules.is_file():
-        names = re.findall(r"^\s*-?\s*alert:\s*(\w+)", rules.read_text(encoding="utf-8"), re.M)
-        assert set(ALERTS) <= set(names), names
-        return names
-    return ALERTS
+    names = re.findall(r"^\s*-?\s*alert:\s*(\w+)", rules.read_text(encoding="utf-8"), re.M)
+    assert set(ALERTS) <= set(names), names
+    return names
 
 
 def test_every_alert_has_its_section() -> None:
@@ -107,9 +102,6 @@ def test_runbook_commands_exist(argv: list[str]) -> None:
         if sub is None:
             break
         node, depth = sub, depth + 1
-    for pending in PENDING_COMMANDS:
-        if tuple(path[: len(pending)]) == pending and depth < len(pending):
-            pytest.xfail(f"orbit {' '.join(pending)} comes with another branch")
     assert depth > 0 and not hasattr(node, "commands"), f"unknown command: orbit {argv}"
     result = CliRunner().invoke(cli, [*path[:depth], "--help"])
     assert result.exit_code == 0, result.output
