@@ -26,11 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.fileformat import (
-    ChainExpectation,
     FormatError,
     ParsedName,
-    VerifyReport,
     batch_cursor,
     batch_header,
     decode_batch,

@@ -16,7 +16,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 
-from orbit_tasks.archive.fileformat import VerifyReport, parse_name
+from orbit_tasks.archive.expectation import VerifyReport
+from orbit_tasks.archive.fileformat import parse_name
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
 from orbit_tasks.archive.volume import TMP_PREFIX
 

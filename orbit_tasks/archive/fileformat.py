@@ -32,19 +32,18 @@ Decisions (document-worthy):
 * An empty batch is never built (:func:`build_batch` raises ``ValueError``); an empty range is a
   manifest with ``roots_total`` 0 and no batches.
 
-Chain verification (:func:`verify_chain`, :func:`verify_prefix`) is described in
-:mod:`orbit_tasks.archive.chain`, which implements it; the names are exported here.
+Chain verification is :mod:`orbit_tasks.archive.chain` (:func:`verify_chain`,
+:func:`verify_prefix`) against a :class:`~orbit_tasks.archive.expectation.ChainExpectation`.
 """
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import json
 import re
 import struct
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -582,99 +581,3 @@ def batch_cursor(header: Mapping[str, Any]) -> tuple[datetime, bytes]:
     """The header's ``last`` as (settled, id): the next batch starts strictly after it."""
     ts, rid = header["last"]
     return parse_ts(ts), bytes.fromhex(rid)
-
-
-# --------------------------------------------------------------------------- chain verification
-
-
-@dataclass(frozen=True)
-class ChainExpectation:
-    """What the job row says (the chain is checked against it). ``complete`` = job SUCCEEDED.
-    ``range`` = (from, until) recomputed from the database, or ``None`` to not compare it."""
-
-    namespace_id: bytes
-    job_id: bytes
-    kind: str
-    storage_id: bytes
-    batch_size: int
-    plan_revision: int
-    policy_revision: int
-    batches: int
-    roots: int
-    bytes: int
-    last_sha256: str
-    complete: bool = False
-    range: tuple[datetime | None, datetime] | None = None
-
-    @classmethod
-    def from_job_row(
-        cls, row: Mapping[str, Any], *, range: tuple[datetime | None, datetime] | None = None
-    ) -> ChainExpectation:
-        """From an ``orbit_archive_jobs`` row mapping (``complete`` iff state is SUCCEEDED)."""
-        return cls(
-            namespace_id=bytes(row["namespace_id"]),
-            job_id=bytes(row["id"]),
-            kind=str(row["kind"]),
-            storage_id=bytes(row["storage_id"]),
-            batch_size=int(row["batch_size"]),
-            plan_revision=int(row["plan_revision"]),
-            policy_revision=int(row["policy_revision"]),
-            batches=int(row["batches"]),
-            roots=int(row["roots"]),
-            bytes=int(row["bytes"]),
-            last_sha256=str(row["last_sha256"]),
-            complete=row["state"] == "SUCCEEDED",
-            range=range,
-        )
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """Outcome of a verification. Counts cover the files verified before the first problem.
-    ``cursor`` = (settled, id) of the last verified root; ``beyond`` = names past the confirmed
-    prefix that were ignored (only when the job is not complete)."""
-
-    ok: bool
-    first_bad_file: str | None
-    reason: str | None
-    batches: int
-    roots: int
-    bytes: int
-    last_sha256: str
-    final: bool
-    cursor: tuple[datetime, builtins.bytes] | None = None
-    beyond: tuple[str, ...] = ()
-    strays: tuple[str, ...] = ()  # with allow_strays: other files at confirmed chain positions
-    roots_total: int | None = None  # the manifest's, once the manifest verified
-
-
-def verify_chain(
-    files: Sequence[tuple[str, bytes | Callable[[], bytes]]],
-    *,
-    expect: ChainExpectation,
-    allow_strays: bool = False,
-    lines: str = "all",
-) -> VerifyReport:
-    """Verify a whole chain given (name, bytes) pairs in any order (see the module docstring).
-    Instead of bytes a pair may carry a zero-argument loader, called when the file is checked.
-    ``allow_strays`` (the runner): other files at confirmed positions are listed in
-    ``strays`` instead of failing the chain. ``lines``: see :func:`decode_batch`."""
-    from orbit_tasks.archive import chain
-
-    return chain.verify_chain(files, expect=expect, allow_strays=allow_strays, lines=lines)
-
-
-def verify_prefix(
-    files: Sequence[tuple[str, bytes | Callable[[], bytes]]],
-    *,
-    expect: ChainExpectation,
-    full: bool = False,
-    allow_strays: bool = False,
-    lines: str = "all",
-) -> VerifyReport:
-    """The runner's step 2: the tail only (``full=False``) or the whole confirmed prefix."""
-    from orbit_tasks.archive import chain
-
-    return chain.verify_prefix(
-        files, expect=expect, full=full, allow_strays=allow_strays, lines=lines
-    )

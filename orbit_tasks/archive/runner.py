@@ -38,6 +38,7 @@ from orbit_tasks import failpoints
 from orbit_tasks.archive import claim_rules, leftovers, source, verify
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive import job_store as store
+from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
@@ -335,7 +336,7 @@ def _check_volume(ch: _Chain) -> None:
     ch.identity_stamp = stamp
 
 
-def _expectation(ch: _Chain, c: store.Claim | None = None) -> ff.ChainExpectation:
+def _expectation(ch: _Chain, c: store.Claim | None = None) -> ChainExpectation:
     assert ch.rng is not None
     expect = store.chain_expectation((c or ch.claim).job, complete=False)
     return replace(expect, range=(ch.rng.from_, ch.rng.until))
@@ -356,7 +357,7 @@ def _verify_prefix(ch: _Chain) -> None:
             _carry_tail(ch, tail)
         return
     names = leftovers.list_dir(ch.directory)
-    report: ff.VerifyReport | None = None
+    report: VerifyReport | None = None
     if job.has_manifest:
         report = verify.verify_job_prefix(
             ch.directory, _expectation(ch), full=True, names=names, allow_strays=True,
@@ -369,7 +370,7 @@ def _verify_prefix(ch: _Chain) -> None:
     )
 
 
-def _carry_tail(ch: _Chain, report: ff.VerifyReport) -> None:
+def _carry_tail(ch: _Chain, report: VerifyReport) -> None:
     """The verified tail: the cursor after its last root, and whether anything follows (a
     final batch, or the manifest of a range without roots)."""
     ch.cursor = report.cursor
@@ -462,7 +463,7 @@ def _confirm(ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile
     return "chained"
 
 
-def _require_verified(report: ff.VerifyReport, ch: _Chain) -> None:
+def _require_verified(report: VerifyReport, ch: _Chain) -> None:
     """A chain that does not verify fails the job with CHAIN_BROKEN (the log names the file)."""
     if not report.ok:
         log_action(

@@ -5,7 +5,7 @@ prefix check of a claim, the stray cleanup and the final step, SPEC §5) all ver
 Files are read one at a time, on demand, so verification of a large job does not hold the
 chain in memory.
 
-* :func:`verify_job_dir` -- the full, strict check of :func:`fileformat.verify_chain`.
+* :func:`verify_job_dir` -- the full, strict check of :func:`chain.verify_chain`.
   ``.tmp-`` files are ignored; any other foreign name is reported as a bad file. A missing
   directory is fine only when nothing is confirmed yet (``last_sha256 == ""`` and not
   complete); otherwise the report names the directory.
@@ -28,17 +28,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orbit_tasks.archive.chain import verify_chain, verify_prefix
+from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.fileformat import (
-    ChainExpectation,
     FormatError,
-    VerifyReport,
     batch_header,
     decode_batch,
     parse_name,
     sha256_hex,
     tail_name,
-    verify_chain,
-    verify_prefix,
 )
 from orbit_tasks.archive.volume import list_names, read_file
 from orbit_tasks.errors import OrbitError

@@ -249,7 +249,7 @@ def _job_volume(j: Job, volume: Path) -> Path:
 
 
 def _expectation(j: Job) -> Any:
-    from orbit_tasks.archive.fileformat import ChainExpectation
+    from orbit_tasks.archive.expectation import ChainExpectation
 
     with platform_engine().connect() as conn:
         try:

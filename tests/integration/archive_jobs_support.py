@@ -295,7 +295,7 @@ def wait_marker(marker: Path, timeout: float = 30) -> int:
 
 
 def expectation(ae: ArchiveEnv, job: Job) -> Any:
-    from orbit_tasks.archive.fileformat import ChainExpectation
+    from orbit_tasks.archive.expectation import ChainExpectation
 
     with ae.engine.connect() as conn:
         rng = job_store.job_range(conn, job)

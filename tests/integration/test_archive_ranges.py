@@ -22,7 +22,8 @@ import pytest
 from sqlalchemy import Engine, insert, select
 
 from orbit_tasks.archive import job_store, plan_store, runner
-from orbit_tasks.archive.fileformat import ChainExpectation, format_ts
+from orbit_tasks.archive.expectation import ChainExpectation
+from orbit_tasks.archive.fileformat import format_ts
 from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.tick import run_tick
 from orbit_tasks.archive.verify import export_roots

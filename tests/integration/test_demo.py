@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from orbit_tasks.archive.fileformat import ChainExpectation
+from orbit_tasks.archive.expectation import ChainExpectation
 from orbit_tasks.archive.verify import verify_job_dir
 from orbit_tasks.archive.volume import job_dir
 from orbit_tasks.db.business_tables import sender_jobs, sender_outbox

@@ -13,6 +13,7 @@ import pytest
 
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive import volume as vol
+from orbit_tasks.archive.expectation import ChainExpectation
 from orbit_tasks.archive.verify import (
     ChainInvalid,
     export_roots,
@@ -256,7 +257,7 @@ def test_database_rows_encode_exactly(any_platform_url: str, tmp_path: Path) -> 
     directory = vol.job_dir(tmp_path, NS, JOB)
     vol.write_job_file(directory, ff.manifest_name(ff.sha256_hex(man)), man)
     vol.write_job_file(directory, ff.batch_name(1, ff.sha256_hex(data)), data)
-    expect = ff.ChainExpectation(
+    expect = ChainExpectation(
         namespace_id=NS, job_id=JOB, kind="tasks", storage_id=STORAGE, batch_size=2,
         plan_revision=3, policy_revision=2, batches=1, roots=1, bytes=len(man) + len(data),
         last_sha256=ff.sha256_hex(data), complete=True,

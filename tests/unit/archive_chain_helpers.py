@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive.expectation import ChainExpectation
 from orbit_tasks.platform.history import HISTORY_KINDS
 
 NS = bytes.fromhex("0190f0aa000070008000000000000001")
@@ -60,7 +61,7 @@ def record(i: int, *, settled: datetime | None = None, attempts: int = 1) -> ff.
 @dataclass
 class Chain:
     files: list[tuple[str, bytes]]
-    expect: ff.ChainExpectation
+    expect: ChainExpectation
 
     def name(self, seq: int) -> str:
         return self.files[seq][0]
@@ -116,7 +117,7 @@ def build_chain(
         )
         link = ff.sha256_hex(data)
         files.append((ff.batch_name(j + 1, link), data))
-    expect = ff.ChainExpectation(
+    expect = ChainExpectation(
         namespace_id=NS,
         job_id=JOB,
         kind="tasks",
@@ -133,6 +134,6 @@ def build_chain(
     return Chain(files, expect)
 
 
-def with_expect(base: Chain | ff.ChainExpectation, **over: Any) -> ff.ChainExpectation:
+def with_expect(base: Chain | ChainExpectation, **over: Any) -> ChainExpectation:
     """The chain's (or an expectation's) job-row values with some fields changed."""
     return replace(base.expect if isinstance(base, Chain) else base, **over)

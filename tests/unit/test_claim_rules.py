@@ -10,7 +10,7 @@ import pytest
 
 from orbit_tasks.archive import claim_rules as rules
 from orbit_tasks.archive.claim_rules import Fate
-from orbit_tasks.archive.fileformat import VerifyReport
+from orbit_tasks.archive.expectation import VerifyReport
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
 
 SHA = "ab" * 32

@@ -12,6 +12,8 @@ from decimal import Decimal
 import pytest
 
 from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive.chain import verify_chain, verify_prefix
+from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
 from tests.unit.archive_chain_helpers import (
     JOB,
     NS,
@@ -366,13 +368,13 @@ def test_decode_batch_ends_parses_only_the_first_and_last_line() -> None:
 
 def test_three_batch_chain_verifies_in_any_order() -> None:
     chain = build_chain()
-    report = ff.verify_chain(list(reversed(chain.files)), expect=chain.expect)
+    report = verify_chain(list(reversed(chain.files)), expect=chain.expect)
     assert report.ok, report
     assert (report.batches, report.roots, report.final) == (3, 5, True)
     assert report.bytes == chain.expect.bytes and report.last_sha256 == chain.expect.last_sha256
     assert report.cursor == (T0 + timedelta(seconds=5), rid(5))
     lazy = [(n, (lambda d=d: d)) for n, d in chain.files]
-    assert ff.verify_chain(lazy, expect=chain.expect).ok
+    assert verify_chain(lazy, expect=chain.expect).ok
 
 
 def test_expectation_from_job_row() -> None:
@@ -383,31 +385,31 @@ def test_expectation_from_job_row() -> None:
         "plan_revision": 3, "policy_revision": 2, "batches": e.batches, "roots": e.roots,
         "bytes": e.bytes, "last_sha256": e.last_sha256, "state": "SUCCEEDED",
     }  # fmt: skip
-    assert ff.ChainExpectation.from_job_row(row) == e
-    assert not ff.ChainExpectation.from_job_row({**row, "state": "RUNNING"}).complete
+    assert ChainExpectation.from_job_row(row) == e
+    assert not ChainExpectation.from_job_row({**row, "state": "RUNNING"}).complete
 
 
 def test_empty_range_is_manifest_only() -> None:
     man = manifest(roots_total=0, range_from=UNTIL, range_until=UNTIL)
     sha = ff.sha256_hex(man)
-    expect = ff.ChainExpectation(
+    expect = ChainExpectation(
         namespace_id=NS, job_id=JOB, kind="tasks", storage_id=STORAGE, batch_size=2,
         plan_revision=3, policy_revision=2, batches=0, roots=0, bytes=len(man),
         last_sha256=sha, complete=True,
     )  # fmt: skip
-    report = ff.verify_chain([(ff.manifest_name(sha), man)], expect=expect)
+    report = verify_chain([(ff.manifest_name(sha), man)], expect=expect)
     assert report.ok and report.cursor is None and report.batches == 0
-    bad = ff.verify_chain([(ff.manifest_name(sha), man)], expect=with_expect(expect, roots=1))
+    bad = verify_chain([(ff.manifest_name(sha), man)], expect=with_expect(expect, roots=1))
     assert not bad.ok
     man1 = manifest(roots_total=1)
     sha1 = ff.sha256_hex(man1)
     e1 = with_expect(expect, bytes=len(man1), last_sha256=sha1)
-    r = ff.verify_chain([(ff.manifest_name(sha1), man1)], expect=e1)
+    r = verify_chain([(ff.manifest_name(sha1), man1)], expect=e1)
     assert not r.ok and r.first_bad_file == ff.manifest_name(sha1)
 
 
-def _bad(files: list[tuple[str, bytes]], expect: ff.ChainExpectation) -> ff.VerifyReport:
-    report = ff.verify_chain(files, expect=expect)
+def _bad(files: list[tuple[str, bytes]], expect: ChainExpectation) -> VerifyReport:
+    report = verify_chain(files, expect=expect)
     assert not report.ok
     assert report.reason and "{" not in report.reason  # a description, not file contents
     return report
@@ -455,7 +457,7 @@ def test_extra_batch_beyond_confirmed() -> None:
     r = _bad(c.files, with_expect(c, batches=2, roots=4, bytes=confirmed.bytes,
                                   last_sha256=confirmed.last_sha256, complete=True))  # fmt: skip
     assert r.first_bad_file == c.name(3) and "beyond" in (r.reason or "")
-    running = ff.verify_chain(c.files, expect=with_expect(confirmed, complete=False))
+    running = verify_chain(c.files, expect=with_expect(confirmed, complete=False))
     assert running.ok and running.beyond == (c.name(3),) and running.batches == 2
     stray = (ff.batch_name(4, "e" * 64), b"leftover")
     r = _bad([*c.files, stray], c.expect)
@@ -506,7 +508,7 @@ def test_final_flag_on_middle_batch_and_missing_final() -> None:
     c = build_chain(finals=[False, False, False])
     r = _bad(c.files, c.expect)
     assert r.first_bad_file == c.name(3) and "final" in (r.reason or "")
-    assert ff.verify_chain(c.files, expect=with_expect(c, complete=False)).ok
+    assert verify_chain(c.files, expect=with_expect(c, complete=False)).ok
 
 
 def test_totals_mismatch() -> None:
@@ -518,7 +520,7 @@ def test_totals_mismatch() -> None:
     c6 = build_chain(roots_total=6)
     r = _bad(c6.files, c6.expect)
     assert r.first_bad_file == c6.name(0) and "roots_total" in (r.reason or "")
-    assert ff.verify_chain(c6.files, expect=with_expect(c6, complete=False)).ok
+    assert verify_chain(c6.files, expect=with_expect(c6, complete=False)).ok
 
 
 def test_last_sha256_mismatch() -> None:
@@ -547,7 +549,7 @@ def test_manifest_field_mismatch(field: str, value: object) -> None:
 
 def test_manifest_range_checked_when_given() -> None:
     c = build_chain()
-    assert ff.verify_chain(c.files, expect=with_expect(c, range=(None, UNTIL))).ok
+    assert verify_chain(c.files, expect=with_expect(c, range=(None, UNTIL))).ok
     r = _bad(c.files, with_expect(c, range=(T0, UNTIL)))
     assert r.first_bad_file == c.name(0) and "range" in (r.reason or "")
 
@@ -578,30 +580,30 @@ def test_child_rows_must_belong_to_their_root() -> None:
 def test_nothing_confirmed_yet() -> None:
     c = build_chain()
     empty = with_expect(c, batches=0, roots=0, bytes=0, last_sha256="", complete=False)
-    r = ff.verify_chain(c.files, expect=empty)
+    r = verify_chain(c.files, expect=empty)
     assert r.ok and len(r.beyond) == 4 and r.cursor is None
-    assert not ff.verify_chain(c.files, expect=with_expect(empty, complete=True)).ok
-    assert ff.verify_prefix([], expect=empty).ok
+    assert not verify_chain(c.files, expect=with_expect(empty, complete=True)).ok
+    assert verify_prefix([], expect=empty).ok
 
 
 def test_verify_prefix_tail_only_and_full() -> None:
     c = build_chain()
     running = with_expect(c, complete=False)
-    r = ff.verify_prefix([c.files[3]], expect=running)
+    r = verify_prefix([c.files[3]], expect=running)
     assert r.ok and r.cursor == (T0 + timedelta(seconds=5), rid(5)) and r.final
-    r = ff.verify_prefix([c.files[0]], expect=running)
+    r = verify_prefix([c.files[0]], expect=running)
     assert not r.ok and r.first_bad_file == c.name(3)
     flipped = bytearray(c.data(3))
     flipped[20] ^= 0x40
-    r = ff.verify_prefix([(c.name(3), bytes(flipped))], expect=running)
+    r = verify_prefix([(c.name(3), bytes(flipped))], expect=running)
     assert not r.ok and r.first_bad_file == c.name(3)
     m = with_expect(c, batches=0, roots=0, bytes=len(c.data(0)), last_sha256=c.name(0)[9:73])
-    r = ff.verify_prefix(c.files, expect=m)
+    r = verify_prefix(c.files, expect=m)
     assert r.ok and r.cursor is None and r.beyond == tuple(n for n, _ in c.files[1:])
-    r = ff.verify_prefix(c.files, expect=with_expect(m, storage_id=bytes(16)))
+    r = verify_prefix(c.files, expect=with_expect(m, storage_id=bytes(16)))
     assert not r.ok and r.first_bad_file == c.name(0)
     # Tail-only does not read the middle of the chain; full=True does.
     broken = [c.files[0], (c.name(1), b"garbage"), *c.files[2:]]
-    assert ff.verify_prefix(broken, expect=running).ok
-    r = ff.verify_prefix(broken, expect=running, full=True)
+    assert verify_prefix(broken, expect=running).ok
+    r = verify_prefix(broken, expect=running, full=True)
     assert not r.ok and r.first_bad_file == c.name(1)
