@@ -17,14 +17,14 @@ from orbit_tasks.db.registry import business_engine, platform_engine
 from orbit_tasks.db.schema_check import Chain, chain_spec, head_revision, inspect_schema
 
 
-def _commands(group: click.Group, chain: Chain, engine: Callable[[], Engine]) -> None:
+def _commands(group: click.Group, chain: Chain, engine: Callable[..., Engine]) -> None:
     spec = chain_spec(chain)
     where = f"the {spec.database}"
 
     @group.command("upgrade")
     @json_option
     def db_upgrade(as_json: bool) -> None:
-        result = upgrade(engine(), chain)
+        result = upgrade(engine(create=True), chain)  # the one command that creates a file
         emit(result.to_json(), as_json, result.message())
 
     db_upgrade.help = (

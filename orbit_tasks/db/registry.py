@@ -1,32 +1,62 @@
-"""Process-wide engines for the two databases, created lazily from the settings."""
+"""Process-wide engines for the two databases, created lazily from the settings.
+
+An embedded SQLite file is created only by the command that creates the schema (``db upgrade``,
+``sender db upgrade``: ``create=True``). Any other command finds it missing and says which
+upgrade to run, instead of leaving an empty database file behind (a refused command writes
+nothing, docs/cli.md).
+"""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
-from orbit_tasks.db.engine import engine_for_setting
+from orbit_tasks.db.engine import engine_for_setting, redact_url
+from orbit_tasks.errors import OrbitError
 from orbit_tasks.settings import get_settings
 
 _lock = threading.Lock()
 _engines: dict[str, Engine] = {}
 
 
-def _engine(url: str, variable: str) -> Engine:
+class DatabaseMissing(OrbitError):
+    """The embedded SQLite file of a database does not exist yet."""
+
+
+def _require_sqlite_file(url: str, variable: str, fix: str) -> None:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    if not Path(str(parsed.database)).exists():
+        raise DatabaseMissing(
+            f"{variable} {redact_url(url)!r}: the database file does not exist; run `{fix}`"
+        )
+
+
+def _engine(url: str, variable: str, fix: str, create: bool) -> Engine:
     with _lock:
         engine = _engines.get(url)
         if engine is None:
+            if not create:
+                _require_sqlite_file(url, variable, fix)
             engine = _engines[url] = engine_for_setting(variable, url)
         return engine
 
 
-def platform_engine() -> Engine:
-    return _engine(get_settings().database_url, "ORBIT_DATABASE_URL")
+def platform_engine(*, create: bool = False) -> Engine:
+    return _engine(get_settings().database_url, "ORBIT_DATABASE_URL", "orbit db upgrade", create)
 
 
-def business_engine() -> Engine:
-    return _engine(get_settings().sender_database_url, "ORBIT_SENDER_DATABASE_URL")
+def business_engine(*, create: bool = False) -> Engine:
+    return _engine(
+        get_settings().sender_database_url,
+        "ORBIT_SENDER_DATABASE_URL",
+        "orbit sender db upgrade",
+        create,
+    )
 
 
 def dispose_all_for_fork() -> None:

@@ -321,3 +321,30 @@ def test_demo_directory_of_an_earlier_demo_is_emptied(tmp_path: Path) -> None:
     empty.mkdir()
     prepare_dir(empty)
     assert sorted(os.listdir(empty)) == [DEMO_MARKER]
+
+
+def test_a_missing_sqlite_file_is_not_created_by_a_read(tmp_path: Path) -> None:
+    """Only `db upgrade` creates the embedded database file; a read names the upgrade to run and
+    leaves no empty file (or folder) behind."""
+    db = tmp_path / "var" / "platform.sqlite3"
+    biz = tmp_path / "var" / "business.sqlite3"
+    env = {
+        **os.environ,
+        "ORBIT_DATABASE_URL": f"sqlite:///{db}",
+        "ORBIT_SENDER_DATABASE_URL": f"sqlite:///{biz}",
+        "ORBIT_VAR_DIR": str(tmp_path / "var"),
+    }
+    for args, fix in (
+        (["namespace", "list"], "orbit db upgrade"),
+        (["db", "check"], "orbit db upgrade"),
+        (["sender", "list"], "orbit sender db upgrade"),
+    ):
+        proc = subprocess.run([ORBIT, *args], env=env, capture_output=True, text=True)
+        assert proc.returncode == 1, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "does not exist" in lines[0] and f"`{fix}`" in lines[0], lines
+        assert not db.exists() and not biz.exists(), args
+    up = subprocess.run([ORBIT, "db", "upgrade"], env=env, capture_output=True, text=True)
+    assert up.returncode == 0 and db.exists(), up.stderr
+    listed = subprocess.run([ORBIT, "namespace", "list"], env=env, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
