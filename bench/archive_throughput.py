@@ -190,18 +190,19 @@ class Bench:
         app.conf.task_create_missing_queues = True
         log_path = self.tmp / f"worker-{label}.log"
         log = open(log_path, "wb")  # noqa: SIM115 - closed below
+        node = f"bench-{label}-{os.getpid()}@bench"
         worker = subprocess.Popen(
             [str(ROOT / ".venv/bin/orbit"), "worker", "archive", "--volume", str(self.vol),
-             "--no-control", "-c", "1", "-n", f"bench-{label}-{os.getpid()}@bench", "--",
+             "--no-control", "-c", "1", "-n", node, "--",
              "--without-mingle", "--without-gossip", "--without-heartbeat"],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
+            # Ready = answers a remote-control ping (its log runs at WARNING: no "ready." line).
             deadline = time.monotonic() + 60
-            while b"ready." not in log_path.read_bytes():
+            while not app.control.ping(destination=[node], timeout=0.5):
                 if time.monotonic() > deadline or worker.poll() is not None:
                     raise SystemExit(f"worker did not start; see {log_path}")
-                time.sleep(0.1)
             peak = _PeakRss(worker.pid)
             started = time.perf_counter()
             make_publisher(app)(self.sid, ns, job.id, kind=kind)
