@@ -6,9 +6,11 @@ Issue 8's table, measured here on a private MariaDB server the benchmark starts 
 * **in cache**: buffer pool 1 GiB, warmed by one scan first. For ``events`` and ``tasks`` (two
   attempts per task): the *ceiling* (the ``mariadb`` client scanning the job's rows in settled
   order into /dev/null), *pt-archiver* (``--no-delete --file --limit 100`` on the settled
-  index, the same rows) and *orbit* (a real ``orbit worker archive -c 1`` process: Celery over
-  Redis, default lease and time slice, continuation wake-ups included) archiving one job from
-  its wake-up to SUCCEEDED, batch 100, with the job's per-fifth rates.
+  index, the same rows; once with ``--commit-each`` -- one transaction per chunk, which the
+  targets are judged against -- and once with its default of a commit per row) and *orbit* (a
+  real ``orbit worker archive -c 1`` process: Celery over Redis, default lease and time slice,
+  continuation wake-ups included) archiving one job from its wake-up to SUCCEEDED, batch 100,
+  with the job's per-fifth rates.
 * **out of cache**: the same server restarted with a 128 MB buffer pool (O_DIRECT), cold
   before each measurement: the ceiling and orbit.
 * **worker peak RSS** (VmHWM of the pool process) for a 10k-root and a 150k-root events job,
@@ -163,7 +165,10 @@ class Bench:
         print(f"bench: {label} ceiling {rate:,.0f} roots/s", flush=True)
         return rate
 
-    def pt_archiver(self, kind: str, ns: bytes, until: str, rows: int) -> float:
+    def pt_archiver(self, kind: str, ns: bytes, until: str, rows: int, *, each: bool) -> float:
+        """pt-archiver copying the same roots. ``each``: ``--commit-each`` (one transaction per
+        chunk of ``--limit`` rows, as orbit commits one batch file at a time); without it the
+        issue's literal command, whose default ``--txn-size 1`` commits after every row."""
         hk = HISTORY_KINDS[kind]
         index = f"ix_{'task' if kind == 'tasks' else 'event'}_settled"
         out = self.tmp / f"pt-{kind}.txt"
@@ -172,13 +177,15 @@ class Bench:
             "pt-archiver", "--source",
             f"h=127.0.0.1,P={self.server.port},u=root,D={DB},t={hk.root.name},i={index},A=utf8mb4",
             "--where", where, "--no-delete", "--file", str(out), "--limit", str(BATCH),
+            *(["--commit-each"] if each else []),
         ]  # fmt: skip
-        self.commands[f"pt_archiver_{kind}"] = " ".join(f'"{a}"' if " " in a else a for a in cmd)
+        label = f"pt_archiver_{kind}" + ("_commit_each" if each else "")
+        self.commands[label] = " ".join(f'"{a}"' if " " in a else a for a in cmd)
         started = time.perf_counter()
         subprocess.run(cmd, check=True)
         rate = rows / (time.perf_counter() - started)
         out.unlink(missing_ok=True)
-        print(f"bench: pt-archiver {kind} {rate:,.0f} rows/s", flush=True)
+        print(f"bench: {label.replace('_', ' ')} {rate:,.0f} rows/s", flush=True)
         return rate
 
     def orbit(self, label: str, ns: bytes, kind: str) -> dict[str, Any]:
@@ -323,8 +330,11 @@ def main() -> None:
             res[f"{kind}_in_cache_ceiling_roots_per_s"] = round(
                 b.ceiling("in cache", kind, ns, until, rows)
             )
+            res[f"{kind}_in_cache_pt_archiver_txn1_roots_per_s"] = round(
+                b.pt_archiver(kind, ns, until, rows, each=False)
+            )
             res[f"{kind}_in_cache_pt_archiver_roots_per_s"] = round(
-                b.pt_archiver(kind, ns, until, rows)
+                b.pt_archiver(kind, ns, until, rows, each=True)
             )
             orbit = b.orbit(f"{kind}-in-cache", ns, kind)
             for key, value in orbit.items():
@@ -376,8 +386,14 @@ def _count(b: Bench, kind: str, ns: bytes) -> int:
 
 
 def _ratios(res: dict[str, Any]) -> None:
-    """The targets of issue 8 as ratios measured in this run."""
+    """The targets of issue 8 as ratios measured in this run. pt-archiver is judged in its
+    faster configuration (``--commit-each``); the ratio to its default (a commit per row, the
+    issue's literal command) is reported beside it."""
     ev, ta = "events_in_cache", "tasks_in_cache"
+    for k in (ev, ta):
+        res[f"{k}_orbit_over_pt_archiver_txn1"] = round(
+            res[f"{k}_orbit_roots_per_s"] / res[f"{k}_pt_archiver_txn1_roots_per_s"], 2
+        )
     res["events_in_cache_orbit_over_pt_archiver"] = round(
         res[f"{ev}_orbit_roots_per_s"] / res[f"{ev}_pt_archiver_roots_per_s"], 2
     )  # target >= 0.4

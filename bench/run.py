@@ -1,17 +1,21 @@
 """``make bench``: run every benchmark script in one go and collect bench/RESULTS.md.
 
 Benchmarks are separate from the tests: they print ratios measured in one run on this machine
-and each writes ``bench/<name>.json``; this runner turns those into one table.
+and each writes ``bench/<name>.json``; this runner turns those into one page, with issue 8's
+targets first. ``bench/run.py NAME ...`` reruns only those scripts and rebuilds the page from
+every result file (each section says when it was measured).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 SCRIPTS = [
@@ -24,37 +28,100 @@ SCRIPTS = [
 ]
 
 
-def main() -> int:
+def _load(name: str) -> dict[str, Any] | None:
+    path = BENCH / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _when(doc: dict[str, Any]) -> str:
+    at = doc.get("measured_at_unix")
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at)) if at else "unknown"
+
+
+def _targets(docs: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue 8's targets, each as measured (ratios within one run of its benchmark)."""
+    rows: list[tuple[str, str, str, bool]] = []
+    a = docs.get("archive_throughput")
+    if a:
+        ev, ta = "events_in_cache", "tasks_in_cache"
+        last = min(a[f"{k}_orbit_last_fifth_over_first"] for k in (ev, ta))
+        rows += [
+            ("events in cache vs pt-archiver (--commit-each)", ">= 0.4x",
+             f"{a[f'{ev}_orbit_over_pt_archiver']}x "
+             f"(vs its default commit per row: {a.get(f'{ev}_orbit_over_pt_archiver_txn1')}x)",
+             a[f"{ev}_orbit_over_pt_archiver"] >= 0.4),
+            ("events in cache, share of the ceiling scan", ">= 8%",
+             f"{a[f'{ev}_orbit_share_of_ceiling']:.1%}", a[f"{ev}_orbit_share_of_ceiling"] >= 0.08),
+            ("events out of cache, share of the ceiling scan", ">= 60%",
+             f"{a['events_out_of_cache_orbit_share_of_ceiling']:.1%}",
+             a["events_out_of_cache_orbit_share_of_ceiling"] >= 0.6),
+            ("tasks (+2 children) vs pt-archiver roots only (--commit-each)", ">= 3x",
+             f"{a[f'{ta}_orbit_over_pt_archiver']}x "
+             f"(vs its default commit per row: {a.get(f'{ta}_orbit_over_pt_archiver_txn1')}x)",
+             a[f"{ta}_orbit_over_pt_archiver"] >= 3),
+            ("last fifth of a job vs its first", ">= 0.8", f"{last}", last >= 0.8),
+            ("worker peak RSS, 150k-root job minus 10k-root job", "<= 12 MiB",
+             f"{a['rss_large_minus_small_mib']} MiB", a["rss_large_minus_small_mib"] <= 12),
+        ]  # fmt: skip
+    s = docs.get("sender_throughput")
+    if s:
+        rows.append(
+            ("outbox relay vs a direct POST loop", ">= 0.9x", f"{s['relay_over_direct']}x "
+             f"(rounds {s['relay_over_direct_min_round']}..{s['relay_over_direct_max_round']})",
+             s["relay_over_direct"] >= 0.9)
+        )  # fmt: skip
+    t = docs.get("tick_scaling")
+    if t:
+        rows.append(
+            ("tick, 1% of 100k plans due", "< 0.5 s", f"{t['batched_1pct_seconds']} s "
+             f"({t['batched_1pct_statements']} statements; per-plan tick "
+             f"{t['per_plan_1pct_seconds']} s)", t["batched_1pct_seconds"] < 0.5)
+        )  # fmt: skip
+    if not rows:
+        return []
+    out = ["## Issue 8 targets", "", "| target | wanted | measured | |", "|---|---|---|---|"]
+    out += [f"| {n} | {w} | {m} | {'met' if ok else 'MISSED'} |" for n, w, m, ok in rows]
+    return [*out, ""]
+
+
+def main(argv: list[str]) -> int:
+    unknown = [n for n in argv if n not in SCRIPTS]
+    if unknown:
+        print(f"bench: unknown benchmark {', '.join(unknown)} (allowed {', '.join(SCRIPTS)})")
+        return 2
     failed = []
-    for name in SCRIPTS:
-        script = BENCH / f"{name}.py"
-        if not script.exists():
-            print(f"bench: {name}.py missing, skipped")
-            continue
+    for name in argv or SCRIPTS:
         print(f"bench: running {name} ...", flush=True)
-        if subprocess.run([sys.executable, str(script)], cwd=BENCH.parent).returncode != 0:
+        if subprocess.run([sys.executable, str(BENCH / f"{name}.py")], cwd=BENCH.parent).returncode:
             failed.append(name)
+    docs = {name: doc for name in SCRIPTS if (doc := _load(name)) is not None}
     lines = [
         "# Benchmark results",
         "",
-        f"Last `make bench`: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-        f"{platform.node()} ({platform.machine()}, Python {platform.python_version()}).",
-        "Each number was measured in one run on a shared 2-core machine: compare ratios, not",
-        "absolute rates.",
+        f"Written by `make bench` (`bench/run.py`) on {platform.node()} ({platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}). Each benchmark measures "
+        "orbit and its alternative in one run: compare the ratios, not absolute rates. The "
+        "commands of the alternatives are in each section.",
         "",
+        *_targets(docs),
     ]
-    for name in SCRIPTS:
-        path = BENCH / f"{name}.json"
-        if not path.exists():
-            continue
-        doc = json.loads(path.read_text())
-        lines += [f"## {name}", "", "| metric | value |", "|---|---|"]
+    for name, doc in docs.items():
+        lines += [
+            f"## {name}",
+            "",
+            f"Measured {_when(doc)}.",
+            "",
+            "| metric | value |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {v} |" for k, v in doc.items() if k != "measured_at_unix"]
         lines.append("")
     (BENCH / "RESULTS.md").write_text("\n".join(lines))
     print("bench: results in bench/RESULTS.md")
+    if failed:
+        print(f"bench: failed: {', '.join(failed)}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
