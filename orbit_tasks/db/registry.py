@@ -12,9 +12,8 @@ import threading
 from pathlib import Path
 
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
 
-from orbit_tasks.db.engine import engine_for_setting, redact_url
+from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
 from orbit_tasks.errors import OrbitError
 from orbit_tasks.settings import get_settings
 
@@ -27,7 +26,7 @@ class DatabaseMissing(OrbitError):
 
 
 def _require_sqlite_file(url: str, variable: str, fix: str) -> None:
-    parsed = make_url(url)
+    parsed = parse_database_url(url, variable)  # a bad URL is named first (exit 2)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return
     if not Path(str(parsed.database)).exists():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -66,7 +67,9 @@ BAD_URLS = [
 def test_bad_database_url_is_one_line(
     url: str, code: int, needles: list[str], secret: str | None, tmp_path: Path
 ) -> None:
-    proc = run_orbit(["namespace", "list"], orbit_env(url), cwd=tmp_path)
+    # A SQLite folder that cannot be created shows when the file is to be created: db upgrade.
+    args = ["db", "upgrade"] if url.startswith("sqlite:////proc/") else ["namespace", "list"]
+    proc = run_orbit(args, orbit_env(url), cwd=tmp_path)
     line = assert_one_line_error(proc, code, "ORBIT_DATABASE_URL", *needles)
     if secret is not None:
         assert secret not in proc.stderr, line
@@ -261,6 +264,8 @@ def test_io_error_inside_the_identity_write_leaves_no_temp_file(
 def empty_urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(platform URL, business URL) of two databases without any table."""
     if request.param == "sqlite":
+        for name in ("p.sqlite3", "b.sqlite3"):  # the files exist, the tables do not
+            sqlite3.connect(tmp_path / name).close()
         yield f"sqlite:///{tmp_path / 'p.sqlite3'}", f"sqlite:///{tmp_path / 'b.sqlite3'}"
     else:
         with mariadb_database() as platform, mariadb_database("orbit_b") as business:
