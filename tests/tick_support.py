@@ -10,8 +10,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+import redis
+from celery import Celery
 from sqlalchemy import Connection, Engine, bindparam, delete, insert, update
 
+from orbit_tasks.archive.wakeups import Publisher, make_publisher
 from orbit_tasks.db.platform_tables import (
     KINDS,
     archive_jobs,
@@ -21,6 +25,7 @@ from orbit_tasks.db.platform_tables import (
 )
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
+from tests.dbutil import redis_url
 
 CHUNK = 2000
 MIB = 1024**2
@@ -128,3 +133,30 @@ def reset_all(engine: Engine, at: dt.datetime, due: Sequence[PlanKey]) -> None:
             update(archive_plans).values(next_run_at=at + dt.timedelta(days=1), active_job_id=None)
         )
     make_due(engine, due, at)
+
+
+# --- Redis and a real publisher (shared by the tick test modules) ------------------------------
+
+TICK_REDIS_URL = redis_url(2)
+
+
+@pytest.fixture
+def rds() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(TICK_REDIS_URL)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def publisher(rds: redis.Redis) -> Iterator[Publisher]:
+    """Publishes through a real Celery app on Redis (the same code path as production)."""
+    app = Celery("orbit-test-tick", broker=TICK_REDIS_URL, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = False
+    try:
+        yield make_publisher(app)
+    finally:
+        app.close()

@@ -28,6 +28,7 @@ from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevisi
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import Settings, load_settings
+from tests import tick_support
 from tests.dbutil import migrated_engine, redis_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,26 +41,8 @@ DAY = 86400
 # --- fixtures -----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def rds() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    try:
-        yield client
-    finally:
-        client.flushdb()
-        client.close()
-
-
-@pytest.fixture
-def publisher(rds: redis.Redis) -> Iterator[Publisher]:
-    """Publishes through a real Celery app on Redis db 2 (the same code path as production)."""
-    app = Celery("orbit-test-a", broker=REDIS_URL, set_as_current=False)
-    app.conf.broker_connection_retry_on_startup = False
-    try:
-        yield make_publisher(app)
-    finally:
-        app.close()
+rds = tick_support.rds
+publisher = tick_support.publisher
 
 
 @pytest.fixture

@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 from sqlalchemy import Engine, delete, insert, select, update
 
 from orbit_tasks.archive import plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
-from orbit_tasks.archive.wakeups import Publisher, make_publisher, queue_name
+from orbit_tasks.archive.wakeups import Publisher, queue_name
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import load_settings
+from tests import tick_support
 from tests.dbutil import redis_url
 
 REDIS_URL = redis_url(2)
@@ -47,25 +47,8 @@ def engine(any_platform_url: str) -> Iterator[Engine]:
         engine.dispose()
 
 
-@pytest.fixture
-def rds() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    try:
-        yield client
-    finally:
-        client.flushdb()
-        client.close()
-
-
-@pytest.fixture
-def publisher(rds: redis.Redis) -> Iterator[Publisher]:
-    app = Celery("orbit-test-clock", broker=REDIS_URL, set_as_current=False)
-    app.conf.broker_connection_retry_on_startup = False
-    try:
-        yield make_publisher(app)
-    finally:
-        app.close()
+rds = tick_support.rds
+publisher = tick_support.publisher
 
 
 class Plan:
