@@ -27,17 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive.file_names import ParsedName, parse_name, tail_name
 from orbit_tasks.archive.fileformat import (
     FormatError,
-    ParsedName,
     batch_cursor,
     batch_header,
     decode_batch,
     decode_manifest,
     format_ts,
-    parse_name,
     sha256_hex,
-    tail_name,
 )
 
 

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Callable, Iterable
 
 from orbit_tasks.archive.expectation import VerifyReport
-from orbit_tasks.archive.fileformat import parse_name
+from orbit_tasks.archive.file_names import parse_name
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
 from orbit_tasks.archive.volume import TMP_PREFIX
 

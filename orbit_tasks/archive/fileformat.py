@@ -23,10 +23,7 @@ Decisions (document-worthy):
   aware is converted); str -> itself (JSON columns stay the stored text, numbers stay exact);
   bool -> true/false; int -> integer; None -> null. float, Decimal and anything else raise
   :class:`SourceInvalid` (no DECIMAL/FLOAT columns exist; a float would lose exactness).
-* Gzip is built here, not by :mod:`gzip`: fixed 10-byte header (no flags, so no file name;
-  mtime 0; XFL 0; OS 255) + raw deflate at level 6 + CRC32 + size. Identical input gives identical
-  bytes with the same zlib; ``zcat``/``gzip.decompress`` read it. Decoders require FLG 0 and
-  mtime 0, exactly one member and no trailing bytes.
+* Gzip members have one shape (:mod:`orbit_tasks.archive.gzip_member`).
 * Line splitting uses ``\\n`` only (never ``str.splitlines``, which would also split on
   U+2028, U+001C...). ``json.dumps`` escapes newlines inside strings, so ``\\n`` ends a line.
 * An empty batch is never built (:func:`build_batch` raises ``ValueError``); an empty range is a
@@ -41,13 +38,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from orbit_tasks.archive.file_names import HEX64, MAX_SEQ, batch_name, check_sha
+from orbit_tasks.archive.gzip_member import GzipRefused, gunzip_member, gzip_member
 from orbit_tasks.errors import OrbitError
 
 if TYPE_CHECKING:
@@ -58,10 +56,6 @@ FORMAT_1 = FORMAT
 FORMAT_2 = "orbit-archive/2"  # manifests whose source describes the tables (SPEC §6)
 MANIFEST_FORMAT = FORMAT_2  # what new jobs write
 MANIFEST_FORMATS = (FORMAT_1, FORMAT_2)  # what readers accept
-GZIP_LEVEL = 6
-_GZIP_HEADER = (
-    b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # magic, deflate, FLG 0, mtime 0, XFL 0, OS 255
-)
 # fmt: off
 MANIFEST_KEYS = frozenset((
     "format", "namespace_id", "job_id", "kind", "plan_revision", "policy_revision", "storage_id",
@@ -71,12 +65,9 @@ MANIFEST_KEYS = frozenset((
 HEADER_KEYS = frozenset(
     {"format", "job_id", "seq", "prev_sha256", "roots", "first", "last", "final"}
 )
-MAX_SEQ = 99_999_999
 
 _TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$", re.ASCII)
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_NAME = re.compile(r"^(\d{8})-([0-9a-f]{64})\.(json|jsonl\.gz)$")
 
 
 class SourceInvalid(OrbitError):
@@ -157,47 +148,6 @@ def encode_value(value: Any) -> Any:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-class ParsedName(NamedTuple):
-    seq: int
-    sha256: str
-    is_manifest: bool
-
-
-def manifest_name(sha: str) -> str:
-    _check_sha(sha)
-    return f"00000000-{sha}.json"
-
-
-def batch_name(seq: int, sha: str) -> str:
-    _check_sha(sha)
-    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ:
-        raise ValueError(f"batch seq {seq!r} out of range 1..{MAX_SEQ}")
-    return f"{seq:08d}-{sha}.jsonl.gz"
-
-
-def tail_name(batches: int, last_sha256: str) -> str:
-    """Name of the confirmed tail: the manifest when ``batches == 0``, else batch ``batches``."""
-    return manifest_name(last_sha256) if batches == 0 else batch_name(batches, last_sha256)
-
-
-def parse_name(name: str) -> ParsedName | None:
-    """``ParsedName`` for a manifest/batch name, ``None`` for anything else (temp files...)."""
-    m = _NAME.match(name)
-    if not m:
-        return None
-    seq, sha, ext = int(m.group(1)), m.group(2), m.group(3)
-    if seq == 0 and ext == "json":
-        return ParsedName(0, sha, True)
-    if seq >= 1 and ext == "jsonl.gz":
-        return ParsedName(seq, sha, False)
-    return None
-
-
-def _check_sha(sha: str) -> None:
-    if not isinstance(sha, str) or not _HEX64.match(sha):
-        raise ValueError("sha256 must be 64 lowercase hex characters")
 
 
 def _hex_id(value: bytes, what: str) -> str:
@@ -388,30 +338,6 @@ def _encode_row(row: Mapping[str, Any], table: str) -> dict[str, Any]:
     return out
 
 
-def _gzip(payload: bytes) -> bytes:
-    comp = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY)
-    body = comp.compress(payload) + comp.flush()
-    trailer = struct.pack("<II", zlib.crc32(payload) & 0xFFFFFFFF, len(payload) & 0xFFFFFFFF)
-    return _GZIP_HEADER + body + trailer
-
-
-def _gunzip(data: bytes) -> bytes:
-    _need(len(data) >= 18 and data[:3] == b"\x1f\x8b\x08", "batch is not gzip (deflate)")
-    _need(data[3] == 0, "batch gzip header has flags (file name, comment or extra)")
-    _need(data[4:8] == b"\x00\x00\x00\x00", "batch gzip mtime is not 0")
-    dec = zlib.decompressobj(-zlib.MAX_WBITS)
-    try:
-        payload = dec.decompress(data[10:]) + dec.flush()
-    except zlib.error:
-        raise FormatError("batch gzip stream is corrupt") from None
-    _need(dec.eof, "batch gzip stream is truncated")
-    _need(len(dec.unused_data) == 8, "batch gzip has trailing bytes or a bad trailer")
-    crc, size = struct.unpack("<II", dec.unused_data)
-    _need(crc == zlib.crc32(payload) & 0xFFFFFFFF, "batch gzip CRC mismatch")
-    _need(size == len(payload) & 0xFFFFFFFF, "batch gzip size mismatch")
-    return payload
-
-
 def _root_key(root: Mapping[str, Any], settled_column: str) -> tuple[str, str]:
     settled, rid = root.get(settled_column), root.get("id")
     if not isinstance(settled, datetime):
@@ -435,7 +361,7 @@ def build_batch(
     ``ValueError`` for malformed arguments (empty batch, bad seq/hash, order)."""
     if not records:
         raise ValueError("a batch needs at least one root (empty ranges have no batches)")
-    _check_sha(prev_sha256)
+    check_sha(prev_sha256)
     batch_name(seq, prev_sha256)  # validates seq
     keys = [_root_key(r.root, settled_column) for r in records]
     if any(a >= b for a, b in zip(keys, keys[1:], strict=False)):
@@ -475,7 +401,7 @@ def build_batch_file(
     keys of the first and last root. The header is built here; gzip as described above."""
     if not lines:
         raise ValueError("a batch needs at least one root (empty ranges have no batches)")
-    _check_sha(prev_sha256)
+    check_sha(prev_sha256)
     batch_name(seq, prev_sha256)  # validates seq
     header = {
         "format": FORMAT,
@@ -487,7 +413,7 @@ def build_batch_file(
         "last": list(last),
         "final": bool(final),
     }
-    return _gzip(canonical_json(header) + b"".join(lines))
+    return gzip_member(canonical_json(header) + b"".join(lines))
 
 
 def batch_header(data: bytes) -> dict[str, Any]:
@@ -507,7 +433,7 @@ def batch_header(data: bytes) -> dict[str, Any]:
     header = _loads_canonical(out[: out.index(b"\n") + 1], "batch header")
     _need(isinstance(header, dict) and set(header) == HEADER_KEYS, "batch header keys differ")
     prev = header["prev_sha256"]
-    _need(isinstance(prev, str) and bool(_HEX64.match(prev)), "batch header prev_sha256 bad")
+    _need(isinstance(prev, str) and bool(HEX64.match(prev)), "batch header prev_sha256 bad")
     return dict(header)
 
 
@@ -530,7 +456,10 @@ def decode_batch(
     must be non-empty) and returns those two: every byte is still covered by the gzip CRC and
     the file's SHA-256, but no other line is decoded (the runner's chain checks; ``orbit job
     verify`` and export parse every line)."""
-    payload = _gunzip(data)
+    try:
+        payload = gunzip_member(data)
+    except GzipRefused as exc:
+        raise FormatError(str(exc)) from None
     _need(payload.endswith(b"\n"), "batch does not end with a newline")
     head_end = payload.index(b"\n")
     header = _loads_canonical(payload[: head_end + 1], "batch header")
@@ -539,7 +468,7 @@ def decode_batch(
     _need(isinstance(header["job_id"], str) and bool(_HEX32.match(header["job_id"])), "job_id bad")
     _need(_is_int(header["seq"], 1) and header["seq"] <= MAX_SEQ, "batch header seq bad")
     prev = header["prev_sha256"]
-    _need(isinstance(prev, str) and bool(_HEX64.match(prev)), "batch header prev_sha256 bad")
+    _need(isinstance(prev, str) and bool(HEX64.match(prev)), "batch header prev_sha256 bad")
     _need(_is_int(header["roots"], 1), "batch header roots bad")
     _need(_is_key(header["first"]) and _is_key(header["last"]), "batch header first/last bad")
     _need(isinstance(header["final"], bool), "batch header final bad")

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection
 
-from orbit_tasks.archive import claim_rules, verify
-from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive import claim_rules, file_names, verify
 from orbit_tasks.archive import job_store as store
 from orbit_tasks.archive.jobs import ErrorCode, JobFailure
 from orbit_tasks.archive.volume import StoredFile, fsync_dir, remove_file_if_unconfirmed
@@ -69,7 +68,7 @@ def remove_unless_confirmed(
     try:
         with conn.begin():
             now_job = store.get_job(conn, c.job.namespace_id, c.job.id)
-        parsed = ff.parse_name(name)
+        parsed = file_names.parse_name(name)
         assert parsed is not None
         fate = claim_rules.unconfirmed_file_fate(parsed.seq, now_job)
         if fate is claim_rules.Fate.LEAVE:

@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from orbit_tasks import failpoints
-from orbit_tasks.archive import claim_rules, source
+from orbit_tasks.archive import claim_rules, file_names, source
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive.batch_lines import Key, LineEncoder
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
@@ -230,7 +230,9 @@ class ReadAhead:
             for _ in range(roots):
                 pending.popleft()
             sha = ff.sha256_hex(data)
-            prepared = PreparedBatch(seq, prev, ff.batch_name(seq, sha), data, sha, roots, final)
+            prepared = PreparedBatch(
+                seq, prev, file_names.batch_name(seq, sha), data, sha, roots, final
+            )
             if not self._put(self._out, prepared):
                 return
             failpoints.hit("archive.read_ahead")

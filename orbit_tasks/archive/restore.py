@@ -31,13 +31,13 @@ from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.archive import job_store
 from orbit_tasks.archive import restore_store as store
+from orbit_tasks.archive.file_names import parse_name
 from orbit_tasks.archive.fileformat import (
     DecodedBatch,
     FormatError,
     decode_batch,
     decode_manifest,
     format_ts,
-    parse_name,
     sha256_hex,
 )
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState

@@ -35,7 +35,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine
 
 from orbit_tasks import failpoints
-from orbit_tasks.archive import claim_rules, leftovers, source, verify
+from orbit_tasks.archive import claim_rules, file_names, leftovers, source, verify
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive import job_store as store
 from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
@@ -236,7 +236,7 @@ def _claims(ch: _Chain) -> str:
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
             data, total = manifest_file(ch.conn, ch.claim.job, ch.rng)
             sha = ff.sha256_hex(data)
-            manifest = _File(ff.manifest_name(sha), sha, data, 0, total == 0, False)
+            manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
             stored = store_job_file(ch.directory, manifest.name, manifest.data)
             _written(ch, manifest)

@@ -30,13 +30,12 @@ from typing import Any
 
 from orbit_tasks.archive.chain import verify_chain, verify_prefix
 from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive.file_names import parse_name, tail_name
 from orbit_tasks.archive.fileformat import (
     FormatError,
     batch_header,
     decode_batch,
-    parse_name,
     sha256_hex,
-    tail_name,
 )
 from orbit_tasks.archive.volume import list_names, read_file
 from orbit_tasks.errors import OrbitError

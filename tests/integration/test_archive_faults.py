@@ -18,7 +18,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, insert, select
 
-from orbit_tasks.archive.fileformat import parse_name, tail_name
+from orbit_tasks.archive.file_names import parse_name, tail_name
 from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.volume import job_dir, write_identity
 from orbit_tasks.archive.wakeups import queue_name
@@ -673,8 +673,8 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     """SPEC §5 step 6 race: the stale claim writes file N after the new owner's cleanup; the owner
     then finds N already there with identical bytes and confirms it. The stale writer's removal
     (its confirm was rejected) must not delete the file the owner is confirming."""
+    from orbit_tasks.archive import file_names, job_store, leftovers, runner
     from orbit_tasks.archive import fileformat as ff
-    from orbit_tasks.archive import job_store, leftovers, runner
     from orbit_tasks.archive.volume import store_job_file
     from orbit_tasks.errors import LeaseLost
 
@@ -690,7 +690,7 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
         with conn.begin():
             rng = job_store.job_range(conn, owner.job)
         data, _ = runner.manifest_file(conn, owner.job, rng)
-    written = SimpleNamespace(name=ff.manifest_name(ff.sha256_hex(data)), data=data)
+    written = SimpleNamespace(name=file_names.manifest_name(ff.sha256_hex(data)), data=data)
     assert written is not None  # the manifest: identical bytes for both claims
     d = job_dir(vol, ns, job.id)
     mine = store_job_file(d, written.name, written.data)  # the stale claim's late write

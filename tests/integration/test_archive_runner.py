@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
+from orbit_tasks.archive import file_names, leftovers, runner, verify
 from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import leftovers, runner, verify
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.volume import job_dir, write_job_file
 from tests.integration.archive_jobs_support import (
@@ -169,7 +169,7 @@ def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
     assert run() == "succeeded"  # a takeover: one listing for the prefix, one at the end
     done = ae.job(ns, job.id)
     assert listings == [str(job_dir(vol, ns, job.id))] * 2
-    assert reads.count(ff.tail_name(0, _manifest_sha(vol, done))) == 2  # prefix + final
+    assert reads.count(file_names.tail_name(0, _manifest_sha(vol, done))) == 2  # prefix + final
     assert done.state is JobState.SUCCEEDED and done.attempts == done.batches + 2
     assert_succeeded_exactly(ae, done, vol)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orbit_tasks.archive import file_names
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive import volume as vol
 from orbit_tasks.errors import InvalidInput
@@ -21,7 +22,7 @@ from tests.fs_support import small_tmpfs
 
 def _blob(seq: int, size: int = 100) -> tuple[str, bytes]:
     data = os.urandom(size)
-    return ff.batch_name(seq, ff.sha256_hex(data)), data
+    return file_names.batch_name(seq, ff.sha256_hex(data)), data
 
 
 def _tree(root: Path) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orbit_tasks.archive import file_names
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive import volume as vol
 from orbit_tasks.archive.expectation import ChainExpectation
@@ -31,7 +32,7 @@ def _write_chain(directory: Path, chain: Chain) -> None:
 
 def _blob(seq: int, size: int = 1000) -> tuple[str, bytes]:
     data = os.urandom(size)
-    return ff.batch_name(seq, ff.sha256_hex(data)), data
+    return file_names.batch_name(seq, ff.sha256_hex(data)), data
 
 
 def test_write_job_file_publishes_durably(tmp_path: Path) -> None:
@@ -153,7 +154,7 @@ def test_disk_full_raises_and_leaves_no_partial_file(small_tmpfs: Path) -> None:
     names = sorted(os.listdir(directory))
     assert names == sorted(written)  # no temp file, no partial final file
     for name in names:
-        assert ff.sha256_hex((directory / name).read_bytes()) == ff.parse_name(name).sha256  # type: ignore[union-attr]
+        assert ff.sha256_hex((directory / name).read_bytes()) == file_names.parse_name(name).sha256  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- verify / export
@@ -255,8 +256,8 @@ def test_database_rows_encode_exactly(any_platform_url: str, tmp_path: Path) -> 
         final=True,
     )
     directory = vol.job_dir(tmp_path, NS, JOB)
-    vol.write_job_file(directory, ff.manifest_name(ff.sha256_hex(man)), man)
-    vol.write_job_file(directory, ff.batch_name(1, ff.sha256_hex(data)), data)
+    vol.write_job_file(directory, file_names.manifest_name(ff.sha256_hex(man)), man)
+    vol.write_job_file(directory, file_names.batch_name(1, ff.sha256_hex(data)), data)
     expect = ChainExpectation(
         namespace_id=NS, job_id=JOB, kind="tasks", storage_id=STORAGE, batch_size=2,
         plan_revision=3, policy_revision=2, batches=1, roots=1, bytes=len(man) + len(data),

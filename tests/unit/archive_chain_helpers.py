@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from orbit_tasks.archive import file_names
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive.expectation import ChainExpectation
 from orbit_tasks.platform.history import HISTORY_KINDS
@@ -105,7 +106,7 @@ def build_chain(
     manifest_over.setdefault("roots_total", sum(len(g) for g in groups))
     man = manifest(**manifest_over)
     link = ff.sha256_hex(man)
-    files = [(ff.manifest_name(link), man)]
+    files = [(file_names.manifest_name(link), man)]
     for j, recs in enumerate(groups):
         data = ff.build_batch(
             job_id=JOB,
@@ -116,7 +117,7 @@ def build_chain(
             final=finals[j] if finals else j == len(groups) - 1,
         )
         link = ff.sha256_hex(data)
-        files.append((ff.batch_name(j + 1, link), data))
+        files.append((file_names.batch_name(j + 1, link), data))
     expect = ChainExpectation(
         namespace_id=NS,
         job_id=JOB,

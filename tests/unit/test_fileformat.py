@@ -11,9 +11,11 @@ from decimal import Decimal
 
 import pytest
 
+from orbit_tasks.archive import file_names
 from orbit_tasks.archive import fileformat as ff
 from orbit_tasks.archive.chain import verify_chain, verify_prefix
 from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive.gzip_member import gzip_member
 from tests.unit.archive_chain_helpers import (
     JOB,
     NS,
@@ -216,12 +218,16 @@ def test_line_splitting_only_on_newline() -> None:
 
 def test_names() -> None:
     sha = "0123456789abcdef" * 4
-    assert ff.manifest_name(sha) == f"00000000-{sha}.json"
-    assert ff.batch_name(7, sha) == f"00000007-{sha}.jsonl.gz"
-    assert ff.parse_name(ff.manifest_name(sha)) == ff.ParsedName(0, sha, True)
-    assert ff.parse_name(ff.batch_name(12345678, sha)) == ff.ParsedName(12345678, sha, False)
-    assert ff.tail_name(0, sha) == ff.manifest_name(sha)
-    assert ff.tail_name(3, sha) == ff.batch_name(3, sha)
+    assert file_names.manifest_name(sha) == f"00000000-{sha}.json"
+    assert file_names.batch_name(7, sha) == f"00000007-{sha}.jsonl.gz"
+    assert file_names.parse_name(file_names.manifest_name(sha)) == file_names.ParsedName(
+        0, sha, True
+    )
+    assert file_names.parse_name(file_names.batch_name(12345678, sha)) == file_names.ParsedName(
+        12345678, sha, False
+    )
+    assert file_names.tail_name(0, sha) == file_names.manifest_name(sha)
+    assert file_names.tail_name(3, sha) == file_names.batch_name(3, sha)
     for bad in (
         f".tmp-00000001-{sha}.jsonl.gz.12.ab",
         f"00000001-{sha}.json",  # batch seq with manifest extension
@@ -232,13 +238,13 @@ def test_names() -> None:
         f"00000001-{sha}.jsonl.gz.bak",
         ".orbit-volume.json",
     ):
-        assert ff.parse_name(bad) is None, bad
+        assert file_names.parse_name(bad) is None, bad
     with pytest.raises(ValueError):
-        ff.batch_name(0, sha)
+        file_names.batch_name(0, sha)
     with pytest.raises(ValueError):
-        ff.batch_name(100_000_000, sha)
+        file_names.batch_name(100_000_000, sha)
     with pytest.raises(ValueError):
-        ff.manifest_name("XYZ")
+        file_names.manifest_name("XYZ")
 
 
 # --------------------------------------------------------------------------- manifest and batch
@@ -323,7 +329,7 @@ def test_decode_batch_checks_lines_against_header() -> None:
     head, l1, l2, _ = payload.split(b"\n")
 
     def gz(p: bytes) -> bytes:
-        return ff._gzip(p)
+        return gzip_member(p)
 
     with pytest.raises(ff.FormatError, match="line count"):
         ff.decode_batch(gz(head + b"\n" + l1 + b"\n"))
@@ -345,7 +351,7 @@ def test_decode_batch_ends_parses_only_the_first_and_last_line() -> None:
     recs = [record(1), record(2), record(3)]
     payload = gzip.decompress(_batch(records=recs))
     head, l1, l2, l3, _ = payload.split(b"\n")
-    odd = ff._gzip(head + b"\n" + l1 + b"\n" + l2 + b" \n" + l3 + b"\n")
+    odd = gzip_member(head + b"\n" + l1 + b"\n" + l2 + b" \n" + l3 + b"\n")
     ends = ff.decode_batch(odd, settled_column="finished_at", lines="ends")
     assert [ln["root"]["id"] for ln in ends.lines] == [rid(1).hex(), rid(3).hex()]
     with pytest.raises(ff.FormatError, match="canonical"):
@@ -358,7 +364,7 @@ def test_decode_batch_ends_parses_only_the_first_and_last_line() -> None:
         head + b"\n" + l2 + b"\n" + l1 + b"\n" + l3 + b"\n",  # first line is not `first`
     ):
         with pytest.raises(ff.FormatError):
-            ff.decode_batch(ff._gzip(bad), settled_column="finished_at", lines="ends")
+            ff.decode_batch(gzip_member(bad), settled_column="finished_at", lines="ends")
     single = _batch(records=[record(4)])
     assert len(ff.decode_batch(single, settled_column="finished_at", lines="ends").lines) == 1
 
@@ -397,15 +403,15 @@ def test_empty_range_is_manifest_only() -> None:
         plan_revision=3, policy_revision=2, batches=0, roots=0, bytes=len(man),
         last_sha256=sha, complete=True,
     )  # fmt: skip
-    report = verify_chain([(ff.manifest_name(sha), man)], expect=expect)
+    report = verify_chain([(file_names.manifest_name(sha), man)], expect=expect)
     assert report.ok and report.cursor is None and report.batches == 0
-    bad = verify_chain([(ff.manifest_name(sha), man)], expect=with_expect(expect, roots=1))
+    bad = verify_chain([(file_names.manifest_name(sha), man)], expect=with_expect(expect, roots=1))
     assert not bad.ok
     man1 = manifest(roots_total=1)
     sha1 = ff.sha256_hex(man1)
     e1 = with_expect(expect, bytes=len(man1), last_sha256=sha1)
-    r = verify_chain([(ff.manifest_name(sha1), man1)], expect=e1)
-    assert not r.ok and r.first_bad_file == ff.manifest_name(sha1)
+    r = verify_chain([(file_names.manifest_name(sha1), man1)], expect=e1)
+    assert not r.ok and r.first_bad_file == file_names.manifest_name(sha1)
 
 
 def _bad(files: list[tuple[str, bytes]], expect: ChainExpectation) -> VerifyReport:
@@ -427,10 +433,10 @@ def test_flipped_byte_in_batch_2() -> None:
 
 def test_renamed_file() -> None:
     c = build_chain()
-    other = ff.batch_name(2, "f" * 64)
+    other = file_names.batch_name(2, "f" * 64)
     r = _bad([*c.files[:2], (other, c.data(2)), c.files[3]], c.expect)
     assert r.first_bad_file == other
-    moved = ff.batch_name(4, ff.sha256_hex(c.data(2)))
+    moved = file_names.batch_name(4, ff.sha256_hex(c.data(2)))
     r = _bad([*c.files[:2], (moved, c.data(2)), c.files[3]], c.expect)
     assert r.first_bad_file == c.name(2) and "missing" in (r.reason or "")
 
@@ -459,7 +465,7 @@ def test_extra_batch_beyond_confirmed() -> None:
     assert r.first_bad_file == c.name(3) and "beyond" in (r.reason or "")
     running = verify_chain(c.files, expect=with_expect(confirmed, complete=False))
     assert running.ok and running.beyond == (c.name(3),) and running.batches == 2
-    stray = (ff.batch_name(4, "e" * 64), b"leftover")
+    stray = (file_names.batch_name(4, "e" * 64), b"leftover")
     r = _bad([*c.files, stray], c.expect)
     assert r.first_bad_file == stray[0] and "beyond" in (r.reason or "")
 
@@ -526,7 +532,9 @@ def test_totals_mismatch() -> None:
 def test_last_sha256_mismatch() -> None:
     c = build_chain()
     r = _bad(c.files, with_expect(c, last_sha256="c" * 64))
-    assert r.first_bad_file == ff.batch_name(3, "c" * 64) and "last_sha256" in (r.reason or "")
+    assert r.first_bad_file == file_names.batch_name(3, "c" * 64) and "last_sha256" in (
+        r.reason or ""
+    )
 
 
 @pytest.mark.parametrize(
