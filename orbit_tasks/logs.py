@@ -190,7 +190,10 @@ def configure_from_settings(default_level: str, *, stream: IO[str] | None = None
 def log_action(
     logger: logging.Logger, action: str, level: int = logging.INFO, **fields: Any
 ) -> None:
-    """Log one event as ``action`` plus JSON fields (bytes ids are rendered as hex)."""
+    """Log one event as ``action`` plus JSON fields (bytes ids are rendered as hex). Nothing is
+    built when ``level`` is disabled (the archive and relay hot paths log per file and per row)."""
+    if not logger.isEnabledFor(level):
+        return
     clean = {k: (v.hex() if isinstance(v, bytes | bytearray) else v) for k, v in fields.items()}
     logger.log(
         level,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, DateTime, LargeBinary, Table, and_, func, literal, or_, select
@@ -165,14 +166,14 @@ def read_chunk(
     for child in hk.children:
         columns = list(child.table.columns.keys())
         parent_at = columns.index(child.parent_column)
-        pk_at = [columns.index(c.name) for c in child.table.primary_key.columns]
+        by_key = itemgetter(*(columns.index(c.name) for c in child.table.primary_key.columns))
         grouped: dict[Any, list[Any]] = defaultdict(list)
         cq = children_query(kind, child, ns_id, rng, cursor, through, server_times=server_times)
         for crow in conn.execute(cq).all():
             grouped[crow[parent_at]].append(crow)  # keyed like the root's id value
         for kids in grouped.values():
             if len(kids) > 1:
-                kids.sort(key=lambda row: tuple(row[k] for k in pk_at))  # primary-key order
+                kids.sort(key=by_key)  # primary-key order
         children[child.table.name] = grouped
     return RootChunk(rows, children, has_more, through)
 

@@ -61,8 +61,7 @@ def _fields(row: store.Claimed) -> dict[str, Any]:
 def _flush(entries: list[LogEntry]) -> None:
     """Log what a transaction did, once it committed."""
     for action, level, fields in entries:
-        if logger.isEnabledFor(level):
-            log_action(logger, action, level, **fields)
+        log_action(logger, action, level, **fields)
 
 
 class Relay:

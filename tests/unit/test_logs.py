@@ -74,6 +74,31 @@ def test_action_record_carries_action_then_fields() -> None:
     assert obj["ts_"] == "a field named like a key" and obj["note"] == "😀"
 
 
+def test_a_disabled_level_builds_nothing() -> None:
+    """The hot paths log per file and per row: below the logger's level no field is rendered."""
+
+    class Loud:
+        rendered = 0
+
+        def __str__(self) -> str:
+            Loud.rendered += 1
+            return "loud"
+
+    logger = logging.getLogger("orbit.test.disabled")
+    logger.setLevel(logging.WARNING)
+    log_action(logger, "archive.job.confirmed", value=Loud())
+    assert Loud.rendered == 0
+    stream = io.StringIO()
+    handler = OrbitLogHandler(stream)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        log_action(logger, "archive.job.failed", logging.WARNING, value=Loud())
+    finally:
+        logger.removeHandler(handler)
+    assert Loud.rendered >= 1 and "archive.job.failed" in stream.getvalue()
+
+
 def test_exceptions_are_one_line_with_type() -> None:
     try:
         raise RuntimeError(f"boom Authorization: Bearer {TOKEN}")
