@@ -11,6 +11,8 @@ import (it would bind ``annotations``). tests/integration/test_celery_conf.py ch
 from datetime import timedelta as _timedelta
 from pathlib import Path as _Path
 
+from orbit_tasks.queues import CONTROL_QUEUE as _CONTROL
+from orbit_tasks.queues import SENDER_QUEUE as _SENDER
 from orbit_tasks.settings import get_settings as _get_settings
 
 _settings = _get_settings()
@@ -39,7 +41,7 @@ result_backend = None
 task_acks_late = True
 task_reject_on_worker_lost = False  # a lost worker's job is recovered by its lease, not the broker
 worker_prefetch_multiplier = 1
-task_default_queue = "orbit.control"
+task_default_queue = _CONTROL
 task_create_missing_queues = True
 task_serializer = "json"
 accept_content = ["json"]
@@ -58,22 +60,22 @@ task_time_limit = _settings.archive_lease_seconds - _margin
 task_soft_time_limit = max(1, task_time_limit - _margin)
 
 task_routes = {
-    "orbit.archive.tick": {"queue": "orbit.control"},
-    "orbit.sender.tick": {"queue": "orbit.sender"},
-    "orbit.sender.relay": {"queue": "orbit.sender"},
+    "orbit.archive.tick": {"queue": _CONTROL},
+    "orbit.sender.tick": {"queue": _SENDER},
+    "orbit.sender.relay": {"queue": _SENDER},
 }
 
 beat_schedule = {
     "orbit-archive-tick": {
         "task": "orbit.archive.tick",
         "schedule": _timedelta(seconds=_settings.tick_seconds),
-        "options": {"queue": "orbit.control", "expires": max(1, _settings.tick_seconds - 5)},
+        "options": {"queue": _CONTROL, "expires": max(1, _settings.tick_seconds - 5)},
     },
     "orbit-sender-tick": {
         "task": "orbit.sender.tick",
         "schedule": _timedelta(seconds=_settings.sender_tick_seconds),
         "options": {
-            "queue": "orbit.sender",
+            "queue": _SENDER,
             "expires": max(1.0, _settings.sender_tick_seconds * 0.9),
         },
     },

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, celeryd_init, setup_logging, worker_process_init
+from celery.signals import (
+    beat_init,
+    celeryd_after_setup,
+    celeryd_init,
+    setup_logging,
+    worker_process_init,
+)
 
 TASK_MODULES = ["orbit_tasks.archive.tasks", "orbit_tasks.sender.tasks"]
 
@@ -41,10 +47,29 @@ def _fresh_connections_in_child(**_: Any) -> None:
 
 
 @celeryd_init.connect
-def _log_configuration_before_start(options: dict[str, Any] | None = None, **_: Any) -> None:
+def _log_configuration_before_start(
+    conf: Any = None, options: dict[str, Any] | None = None, **_: Any
+) -> None:
     """The worker warns (e.g. Celery's SecurityWarning when run as root) before it sets up
-    logging; configure first so that those lines are in the chosen format too."""
-    _one_log_configuration((options or {}).get("loglevel"))
+    logging; configure first so that those lines are in the chosen format too. Then the schema
+    start check of the databases its queues use (a worker started without ``orbit worker``
+    gets it too; docs/schema.md)."""
+    from orbit_tasks.start_checks import chains_of_queues, refuse_unless_ready
+
+    options = options or {}
+    _one_log_configuration(options.get("loglevel"))
+    queues = options.get("queues") or [getattr(conf, "task_default_queue", None) or ""]
+    if isinstance(queues, str):
+        queues = queues.split(",")
+    refuse_unless_ready(chains_of_queues(q.strip() for q in queues))
+
+
+@beat_init.connect
+def _beat_schema_check(**_: Any) -> None:
+    """Beat started without ``orbit beat`` checks the databases the environment names."""
+    from orbit_tasks.start_checks import beat_chains, refuse_unless_ready
+
+    refuse_unless_ready(beat_chains())
 
 
 @setup_logging.connect

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from orbit_tasks.queues import ARCHIVE_QUEUE_PREFIX
+
 RUN_JOB_TASK = "orbit.archive.run_job"
-QUEUE_PREFIX = "orbit.archive."
 
 
 class Publisher(Protocol):
@@ -37,7 +38,7 @@ def queue_name(storage_id: bytes) -> str:
     """``orbit.archive.<storage_hex>``: the queue consumed only by nodes mounting that volume."""
     if len(storage_id) != 16:
         raise ValueError(f"storage id must be 16 bytes, got {len(storage_id)}")
-    return QUEUE_PREFIX + storage_id.hex()
+    return ARCHIVE_QUEUE_PREFIX + storage_id.hex()
 
 
 def make_publisher(app: Any) -> Publisher:

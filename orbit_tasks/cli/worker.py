@@ -29,30 +29,19 @@ from orbit_tasks.db.registry import business_engine, platform_engine
 from orbit_tasks.db.schema_check import Chain, require_schema
 from orbit_tasks.errors import ConflictError, NotFound
 from orbit_tasks.platform import store
+from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE
 from orbit_tasks.settings import get_settings
+from orbit_tasks.start_checks import CHECKED_ENV, beat_chains, checked_marker
 
-CONTROL_QUEUE = "orbit.control"
-SENDER_QUEUE = "orbit.sender"
 VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
 
 
-def _require_schemas(*chains: Chain) -> None:
-    """The start check: refuse a missing or different schema before any process starts."""
+def _require_schemas(env: dict[str, str], *chains: Chain) -> None:
+    """The start check: refuse a missing or different schema before any process starts; the
+    process is told which chains were checked (it would check them again otherwise)."""
     for chain in chains:
         require_schema(platform_engine() if chain == "platform" else business_engine(), chain)
-
-
-def _beat_chains() -> list[Chain]:
-    """Beat schedules the archive tick (platform database) and the sender tick (business
-    database). A deployment may run one side only (an application runs beat for its outbox
-    alone), so beat checks the databases the environment names; with neither named, the
-    embedded defaults of both (the demo)."""
-    named: list[Chain] = []
-    if os.environ.get("ORBIT_DATABASE_URL"):
-        named.append("platform")
-    if os.environ.get("ORBIT_SENDER_DATABASE_URL"):
-        named.append("business")
-    return named or ["platform", "business"]
+    env[CHECKED_ENV] = checked_marker(chains)
 
 
 def _celery(*args: str) -> list[str]:
@@ -157,7 +146,8 @@ def worker_archive(
     celery_args: tuple[str, ...],
 ) -> None:
     """Consume the queues of the given volumes (and orbit.control unless --no-control)."""
-    _require_schemas("platform")
+    env = dict(os.environ)
+    _require_schemas(env, "platform")
     mounted: dict[str, str] = {}
     with platform_engine().connect() as conn:
         for path in volumes:
@@ -176,7 +166,6 @@ def worker_archive(
     queues = [queue_name(bytes.fromhex(h)) for h in mounted]
     if not no_control:
         queues.append(CONTROL_QUEUE)
-    env = dict(os.environ)
     env[VOLUMES_ENV] = json.dumps(mounted, sort_keys=True)
     argv = _worker_argv(queues, concurrency, _node(name, "archive"), pool, loglevel, celery_args)
     _exec(argv, env, print_command)
@@ -196,8 +185,8 @@ def _single_queue_worker(
 ) -> None:
     """A worker that consumes exactly one queue, whose tasks use ``chain``'s database, and
     mounts no volume."""
-    _require_schemas(chain)
     env = dict(os.environ)
+    _require_schemas(env, chain)
     env.pop(VOLUMES_ENV, None)
     argv = _worker_argv([queue], concurrency, _node(name, kind), pool, loglevel, celery_args)
     _exec(argv, env, print_command)
@@ -222,12 +211,13 @@ def worker_sender(**opts: Any) -> None:
 @click.option("--print-command", is_flag=True, help="Print the celery command as JSON only.")
 def beat(loglevel: str, print_command: bool) -> None:
     """Run Celery beat (exactly one per deployment); its schedule file lives under var/."""
-    _require_schemas(*_beat_chains())
+    env = dict(os.environ)
+    _require_schemas(env, *beat_chains())
     var_dir = get_settings().var_dir
     if not print_command:
         var_dir.mkdir(parents=True, exist_ok=True)
     argv = _celery("beat", "-s", str(var_dir / "celerybeat-schedule"), "-l", loglevel)
-    _exec(argv, dict(os.environ), print_command)
+    _exec(argv, env, print_command)
 
 
 def register(cli: click.Group) -> None:

@@ -17,11 +17,10 @@ from prometheus_client.metrics_core import Metric
 
 from orbit_tasks.archive.jobs import ErrorCode, JobState
 from orbit_tasks.archive.wakeups import queue_name
+from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE
 from orbit_tasks.sender import policy
 
 SOURCES = ("platform_db", "business_db", "broker")
-CONTROL_QUEUE = "orbit.control"
-SENDER_QUEUE = "orbit.sender"
 JOB_STATES = tuple(s.value for s in JobState)
 OUTBOX_STATES = policy.STATES
 ACTIVE_OUTBOX_STATES = ("PENDING", "SENDING")

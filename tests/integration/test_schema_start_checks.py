@@ -68,6 +68,34 @@ def test_processes_refuse_to_start_on_missing_tables(empty_url: str, tmp_path: P
     assert not (tmp_path / "var").exists()  # beat did not even create its schedule folder
 
 
+def test_celery_started_directly_refuses_too(empty_url: str, tmp_path: Path) -> None:
+    """A worker or beat started as ``celery -A orbit_tasks.celery_app ...`` (not through
+    ``orbit``) gets the same check from the Celery signals: the databases its queues use (the
+    default queue is orbit.control), the same one line and exit code, no traceback."""
+    env = orbit_env(
+        empty_url, empty_url, ORBIT_VAR_DIR=str(tmp_path / "var"), CELERY_BROKER_URL=REDIS_URL
+    )
+    platform = "error: platform database: table orbit_archive_jobs is missing (and 16 more); "
+    platform += "run `orbit db upgrade`"
+    business = "error: business database: table sender_jobs is missing (and 1 more); "
+    business += "run `orbit sender db upgrade`"
+    celery = [str(REPO / ".venv/bin/python"), "-m", "celery", "-A", "orbit_tasks.celery_app"]
+    cases = {
+        ("worker", "-Q", "orbit.archive." + "ab" * 16, "-P", "solo"): platform,
+        ("worker", "-P", "solo"): platform,  # no -Q: the default queue, orbit.control
+        ("worker", "-Q", "orbit.sender", "-P", "solo"): business,
+        ("beat", "-s", str(tmp_path / "schedule")): platform,
+    }
+    for args, line in cases.items():
+        proc = subprocess.run(
+            [*celery, *args], env=env, capture_output=True, text=True, timeout=60, cwd=REPO
+        )
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == line, (args, proc.stderr)
+        assert "celery@" not in proc.stdout  # the worker never started (no banner)
+
+
 def test_processes_refuse_a_table_that_differs(tmp_path: Path) -> None:
     with mariadb_database("orbit_alt") as url, migrated_engine(url, "platform") as engine:
         with engine.begin() as conn:

@@ -1,0 +1,76 @@
+"""The schema start check of Celery processes, however they were started (SPEC §12,
+docs/schema.md "Start checks").
+
+``orbit worker ...`` and ``orbit beat`` check before they replace themselves with Celery and mark
+the chains they checked in :data:`CHECKED_ENV`, so the process does not check twice. A worker or
+beat started directly (``celery -A orbit_tasks.celery_app worker -Q orbit.control``) gets the
+same check from the Celery signals in :mod:`orbit_tasks.celery_app`: the chains its queues need,
+and the same one line and exit code as the CLI when a table is missing or differs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from orbit_tasks.queues import ARCHIVE_QUEUE_PREFIX, CONTROL_QUEUE, SENDER_QUEUE
+
+if TYPE_CHECKING:
+    from orbit_tasks.db.schema_check import Chain
+
+#: Chains already checked by the ``orbit`` command that started this process (comma-separated).
+CHECKED_ENV = "ORBIT_SCHEMA_CHECKED"
+
+
+def chains_of_queues(queues: Iterable[str]) -> list[Chain]:
+    """The databases whose schema the tasks of ``queues`` use: archive and control tasks the
+    platform database, the sender's tasks the business database. Other queues need none."""
+    names = set(queues)
+    chains: list[Chain] = []
+    if CONTROL_QUEUE in names or any(q.startswith(ARCHIVE_QUEUE_PREFIX) for q in names):
+        chains.append("platform")
+    if SENDER_QUEUE in names:
+        chains.append("business")
+    return chains
+
+
+def unchecked(chains: Iterable[Chain], env: Mapping[str, str]) -> list[Chain]:
+    """``chains`` minus those the starting ``orbit`` command already checked."""
+    done = set(env.get(CHECKED_ENV, "").split(","))
+    return [c for c in chains if c not in done]
+
+
+def beat_chains(env: Mapping[str, str] | None = None) -> list[Chain]:
+    """Beat schedules the archive tick (platform database) and the sender tick (business
+    database). A deployment may run one side only (an application runs beat for its outbox
+    alone), so beat checks the databases the environment names; with neither named, the
+    embedded defaults of both (the demo)."""
+    env = os.environ if env is None else env
+    named: list[Chain] = []
+    if env.get("ORBIT_DATABASE_URL"):
+        named.append("platform")
+    if env.get("ORBIT_SENDER_DATABASE_URL"):
+        named.append("business")
+    return named or ["platform", "business"]
+
+
+def checked_marker(chains: Iterable[Chain]) -> str:
+    return ",".join(chains)
+
+
+def refuse_unless_ready(chains: Iterable[Chain]) -> None:
+    """Check each chain's schema (unless already checked); on a failure print the CLI's one
+    line on stderr and exit with its code (no traceback, no worker started)."""
+    from orbit_tasks.cli.errors import describe_error
+    from orbit_tasks.db.registry import business_engine, platform_engine
+    from orbit_tasks.db.schema_check import require_schema
+
+    for chain in unchecked(chains, os.environ):
+        try:
+            require_schema(platform_engine() if chain == "platform" else business_engine(), chain)
+        except Exception as exc:
+            message, code = describe_error(exc)
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            raise SystemExit(code) from None
