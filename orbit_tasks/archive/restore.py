@@ -42,13 +42,10 @@ from orbit_tasks.archive.fileformat import (
 )
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
 from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.restore_rows import decode_row, differing_columns, key_json, primary_key_of
 from orbit_tasks.archive.table_schema import (
     SourceSchema,
     TableSpec,
-    decode_row,
-    differing_columns,
-    key_json,
-    primary_key_of,
     schema_of,
 )
 from orbit_tasks.archive.verify import ChainInvalid, verify_job_dir

@@ -14,11 +14,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, MetaData, Table, and_, event, inspect, or_, select, text
 
 from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.restore_rows import check_columns, primary_key_at
 from orbit_tasks.archive.table_schema import (
     SourceSchema,
     TableSpec,
-    check_columns,
-    primary_key_at,
     sqlalchemy_table,
 )
 from orbit_tasks.db.engine import is_mysql

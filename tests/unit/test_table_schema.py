@@ -15,6 +15,7 @@ from sqlalchemy.dialects.mysql.mariadb import MariaDBDialect
 from sqlalchemy.schema import CreateTable
 
 from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive import restore_rows
 from orbit_tasks.archive import table_schema as ts
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.restore import Window, uncovered
@@ -217,7 +218,9 @@ def test_decode_row_needs_exactly_the_described_columns() -> None:
     spec = _schema("events").root
     row = {c.name: None for c in spec.columns}
     with pytest.raises(ff.FormatError, match="missing \\['subject_id'\\], extra \\['x'\\]"):
-        ts.decode_row(spec, {**{k: v for k, v in row.items() if k != "subject_id"}, "x": 1})
+        restore_rows.decode_row(
+            spec, {**{k: v for k, v in row.items() if k != "subject_id"}, "x": 1}
+        )
 
 
 def test_differing_columns_and_keys() -> None:
@@ -227,16 +230,16 @@ def test_differing_columns_and_keys() -> None:
         "payload_json": "{}", "created_at": datetime(2026, 3, 1, 0, 0, 0, 5),
     }  # fmt: skip
     values = [row[n] for n in spec.names]
-    assert ts.differing_columns(spec, row, values) == []
+    assert restore_rows.differing_columns(spec, row, values) == []
     as_view = [memoryview(v) if isinstance(v, bytes) else v for v in values]
-    assert ts.differing_columns(spec, row, as_view) == []  # drivers that return buffers
+    assert restore_rows.differing_columns(spec, row, as_view) == []  # drivers that return buffers
     later = {**row, "created_at": datetime(2026, 3, 1, 0, 0, 0, 6), "payload_json": "{ }"}
     changed = [later[n] for n in spec.names]
-    assert ts.differing_columns(spec, row, changed) == ["payload_json", "created_at"]
+    assert restore_rows.differing_columns(spec, row, changed) == ["payload_json", "created_at"]
     text_id = [v.hex() if isinstance(v, bytes) else v for v in values]  # same text, other type
-    assert ts.differing_columns(spec, row, text_id) == ["namespace_id", "id"]
-    assert ts.primary_key_at(spec, as_view) == (b"\x01" * 16, b"\x02" * 16)
-    assert ts.key_json(spec, row) == {"namespace_id": "01" * 16, "id": "02" * 16}
+    assert restore_rows.differing_columns(spec, row, text_id) == ["namespace_id", "id"]
+    assert restore_rows.primary_key_at(spec, as_view) == (b"\x01" * 16, b"\x02" * 16)
+    assert restore_rows.key_json(spec, row) == {"namespace_id": "01" * 16, "id": "02" * 16}
 
 
 def test_check_columns_of_an_existing_target_table() -> None:
@@ -244,8 +247,8 @@ def test_check_columns_of_an_existing_target_table() -> None:
     good = [{"name": c.name, "type": ts.sqlalchemy_type(c).with_variant(types.NullType(), "x"),
              "nullable": c.nullable, "default": None} for c in spec.columns]  # fmt: skip
     good = [{**g, "type": _generic(c)} for g, c in zip(good, spec.columns, strict=True)]
-    assert ts.check_columns(spec, good) == []
-    problems = ts.check_columns(
+    assert restore_rows.check_columns(spec, good) == []
+    problems = restore_rows.check_columns(
         spec,
         [g for g in good if g["name"] != "type"]
         + [{"name": "extra", "type": types.Integer(), "nullable": False, "default": None}],
@@ -255,9 +258,13 @@ def test_check_columns_of_an_existing_target_table() -> None:
         "extra column extra is NOT NULL without a default",
     ]
     short = [{**g, "type": mysql.DATETIME(fsp=0)} if g["name"] == "created_at" else g for g in good]
-    assert "created_at is DATETIME without microseconds" in ts.check_columns(spec, short)[0]
+    assert (
+        "created_at is DATETIME without microseconds" in restore_rows.check_columns(spec, short)[0]
+    )
     text_id = [{**g, "type": types.String(32)} if g["name"] == "id" else g for g in good]
-    assert "column id is VARCHAR(32) (archive: BINARY(16))" in ts.check_columns(spec, text_id)
+    assert "column id is VARCHAR(32) (archive: BINARY(16))" in restore_rows.check_columns(
+        spec, text_id
+    )
 
 
 def _generic(col: ts.ColumnSpec) -> Any:
