@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -98,13 +99,16 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="orbit-bench-restore-"))
     rows = args.roots * (1 + args.children)
     result: dict[str, Any] = {"roots": args.roots, "rows": rows, "batch_size": 100}
-    with mariadb_database("orbit_bench_r") as url, migrated_engine(url, "platform") as engine:
-        job, directory, archive_secs = _archive(engine, args, tmp)
-        result["archive_rows_per_s"] = round(rows / archive_secs)
-        with mariadb_database("orbit_bench_t") as target_url:
-            first = _restore(engine, job, directory, target_url)
-            again = _restore(engine, job, directory, target_url)
-        lite = _restore(engine, job, directory, f"sqlite:///{tmp / 'restore.sqlite3'}")
+    try:
+        with mariadb_database("orbit_bench_r") as url, migrated_engine(url, "platform") as engine:
+            job, directory, archive_secs = _archive(engine, args, tmp)
+            result["archive_rows_per_s"] = round(rows / archive_secs)
+            with mariadb_database("orbit_bench_t") as target_url:
+                first = _restore(engine, job, directory, target_url)
+                again = _restore(engine, job, directory, target_url)
+            lite = _restore(engine, job, directory, f"sqlite:///{tmp / 'restore.sqlite3'}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the volume and the SQLite target (~20 MB)
     result["restore_mariadb_rows_per_s"] = round(rows / first["total"])
     result["restore_mariadb_write_rows_per_s"] = round(rows / first["write"])
     result["restore_mariadb_seconds_verify_check_write"] = [
