@@ -39,3 +39,16 @@ def small_tmpfs(mnt: Path, size: str, *, read_only: bool = False) -> Iterator[Pa
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+@contextmanager
+def full_tmpfs(mnt: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs filled to ENOSPC by one file named ``filler``."""
+    with small_tmpfs(mnt, "64k") as root:
+        with open(root / "filler", "wb", buffering=0) as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * 4096)
+            except OSError:
+                pass  # ENOSPC: the disk is full now
+        yield root

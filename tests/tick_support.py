@@ -6,7 +6,8 @@ audit row per plan."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import redis
 from celery import Celery
 from sqlalchemy import Connection, Engine, bindparam, delete, insert, update
 
+from orbit_tasks.archive.tick import TickReport
 from orbit_tasks.archive.wakeups import Publisher, make_publisher
 from orbit_tasks.db.platform_tables import (
     KINDS,
@@ -160,3 +162,28 @@ def publisher(rds: redis.Redis) -> Iterator[Publisher]:
         yield make_publisher(app)
     finally:
         app.close()
+
+
+def race(
+    tick_once: Callable[[], TickReport], n: int, *, join_timeout: float = 240
+) -> list[TickReport]:
+    """``n`` ticks released together by a barrier, each in its own thread; their reports (a
+    failure in any thread fails the test)."""
+    barrier = threading.Barrier(n)
+    reports: list[TickReport] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            barrier.wait(timeout=30)
+            reports.append(tick_once())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=join_timeout)
+    assert not errors, errors
+    return reports

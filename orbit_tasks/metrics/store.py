@@ -77,27 +77,22 @@ def terminal_since_query(storages: Sequence[bytes], cut: dt.datetime) -> Select[
     """SUCCEEDED/ABANDONED jobs that reached that state after ``cut`` (their ``updated_at`` is
     the moment of the change and never moves again; ``lease_until`` is NULL for them by
     ``ck_archive_job_lease``, which puts ``updated_at`` in the index range)."""
-    return (
-        select(
-            J.storage_id,
-            J.state,
-            J.kind,
-            func.count().label("jobs"),
-            func.sum(J.bytes).label("bytes"),
-        )
-        .where(
-            J.storage_id.in_(storages),
-            J.state.in_(TERMINAL_JOB_STATES),
-            J.lease_until.is_(None),
-            J.updated_at > cut,
-        )
-        .group_by(J.storage_id, J.state, J.kind)
+    return _terminal_counts(
+        J.storage_id.in_(storages),
+        J.state.in_(TERMINAL_JOB_STATES),
+        J.lease_until.is_(None),
+        J.updated_at > cut,
     )
 
 
 def terminal_recount_query(cut: dt.datetime) -> Select[Any]:
     """Every SUCCEEDED/ABANDONED job up to ``cut``: a scan of the table, run only at the
     recount period (docs/metrics.md), never at every scrape."""
+    return _terminal_counts(J.state.in_(TERMINAL_JOB_STATES), J.updated_at <= cut)
+
+
+def _terminal_counts(*where: Any) -> Select[Any]:
+    """Jobs and bytes per (storage, state, kind) of the terminal jobs matching ``where``."""
     return (
         select(
             J.storage_id,
@@ -106,7 +101,7 @@ def terminal_recount_query(cut: dt.datetime) -> Select[Any]:
             func.count().label("jobs"),
             func.sum(J.bytes).label("bytes"),
         )
-        .where(J.state.in_(TERMINAL_JOB_STATES), J.updated_at <= cut)
+        .where(*where)
         .group_by(J.storage_id, J.state, J.kind)
     )
 

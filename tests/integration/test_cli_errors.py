@@ -24,7 +24,7 @@ from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.platform_tables import archive_storages
 from tests.cli_support import ORBIT, REPO, assert_one_line_error, orbit_env, run_orbit
 from tests.dbutil import mariadb_database, migrated_engine, server_engine
-from tests.fs_support import small_tmpfs
+from tests.fs_support import full_tmpfs, small_tmpfs
 
 # Spare ports of this worktree's test range: nothing listens there (a database that is down).
 DEAD_MYSQL = "mysql+mysqldb://root@127.0.0.1:6431/orbit"
@@ -86,17 +86,8 @@ def test_bad_business_url_names_its_variable(sqlite_url: str, tmp_path: Path) ->
 # --------------------------------------------------------------------------- storage init paths
 
 
-@contextmanager
-def _full_disk(tmp_path: Path) -> Iterator[Path]:
-    with small_tmpfs(tmp_path / "full", "64k") as mnt:
-        with open(mnt / "filler", "wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * 4096)
-                    fh.flush()
-            except OSError:
-                pass  # ENOSPC: the disk is full now
-        yield mnt
+def _full_disk(tmp_path: Path) -> AbstractContextManager[Path]:
+    return full_tmpfs(tmp_path / "full")
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, insert, select, text, update
 
 from orbit_tasks.archive import plan_store, schedule
-from orbit_tasks.archive.tick import TickReport, run_tick
+from orbit_tasks.archive.tick import run_tick
 from orbit_tasks.archive.wakeups import Publisher, make_publisher, queue_name
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
@@ -408,27 +408,6 @@ def test_disabled_namespace_or_plan_gets_no_job(
     assert report.jobs_created == [] and report.namespace_inactive == [] and w.jobs() == []
 
 
-def _race_ticks(engine: Engine, publisher: Publisher, n: int = 2) -> list[TickReport]:
-    barrier = threading.Barrier(n)
-    reports: list[TickReport] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            barrier.wait(timeout=30)
-            reports.append(run_tick(engine, settings(), publisher))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    return reports
-
-
 @pytest.mark.mariadb
 def test_two_concurrent_ticks_create_exactly_one_job_per_plan(
     platform_engine: Engine, publisher: Publisher
@@ -443,7 +422,7 @@ def test_two_concurrent_ticks_create_exactly_one_job_per_plan(
             w.set(kind, storage_id=worlds[0].storage)
     total_plans = len(worlds) * len(kinds)
     for _round in range(3):
-        reports = _race_ticks(platform_engine, publisher)
+        reports = tick_support.race(lambda: run_tick(platform_engine, settings(), publisher), 2)
         created = [j for r in reports for j in r.jobs_created]
         assert len(created) == total_plans
         assert len({(ns, kind) for ns, kind, _ in created}) == total_plans
@@ -574,7 +553,7 @@ def test_plan_and_tick_on_sqlite(sqlite_engine: Engine, publisher: Publisher) ->
     w.move_next_run(dt.timedelta(days=3, hours=1))
     report = run_tick(sqlite_engine, settings(), publisher)
     assert report.coalesced == [(w.ns.hex(), "tasks")] and len(w.jobs()) == 1
-    reports = _race_ticks(sqlite_engine, publisher)
+    reports = tick_support.race(lambda: run_tick(sqlite_engine, settings(), publisher), 2)
     assert all(r.jobs_created == [] for r in reports)
 
 

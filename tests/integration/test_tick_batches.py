@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,7 +28,7 @@ from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import Settings, load_settings
 from tests.dbutil import redis_url
-from tests.tick_support import PlanKey, make_due, seed_plans
+from tests.tick_support import PlanKey, make_due, race, seed_plans
 
 REDIS_URL = redis_url(2)
 MIB = 1024**2
@@ -275,27 +274,6 @@ def test_a_page_that_keeps_conflicting_goes_plan_by_plan_and_counts_lost_plans(
     assert plan_row(e, first).batch_size == 50 and job_count(e) == 12
 
 
-def _race(engine: Engine, publisher: Publisher, n: int) -> list[TickReport]:
-    barrier = threading.Barrier(n)
-    reports: list[TickReport] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            barrier.wait(timeout=30)
-            reports.append(run_tick(engine, settings(), publisher))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
-    assert not errors, errors
-    return reports
-
-
 @pytest.mark.mariadb
 def test_three_racing_ticks_over_many_pages_create_exactly_one_job_per_due_plan(
     platform_engine: Engine, publisher: Publisher, monkeypatch: pytest.MonkeyPatch
@@ -313,7 +291,7 @@ def test_three_racing_ticks_over_many_pages_create_exactly_one_job_per_due_plan(
             now = db_now(conn)
         make_due(e, keys, now - HOUR)
         before = job_count(e)
-        reports = _race(e, publisher, 3)
+        reports = race(lambda: run_tick(e, settings(), publisher), 3)
         created = [(ns, k) for r in reports for ns, k, _ in r.jobs_created]
         assert len(created) == len(set(created)) == len(keys)
         assert job_count(e) - before == len(keys)

@@ -17,7 +17,7 @@ from orbit_tasks.archive import volume as vol
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.failpoints import ENV as FAILPOINTS
 from orbit_tasks.ids import new_id
-from tests.fs_support import small_tmpfs
+from tests.fs_support import full_tmpfs, small_tmpfs
 
 
 def _blob(seq: int, size: int = 100) -> tuple[str, bytes]:
@@ -31,14 +31,7 @@ def _tree(root: Path) -> list[str]:
 
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
-    with small_tmpfs(tmp_path / "full", "64k") as mnt:
-        with open(mnt / "filler", "wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * 4096)
-                    fh.flush()
-            except OSError:
-                pass
+    with full_tmpfs(tmp_path / "full") as mnt:
         yield mnt
 
 
