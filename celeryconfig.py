@@ -8,6 +8,7 @@ so everything that is not a setting is private: imports under ``_`` aliases, no 
 import (it would bind ``annotations``). tests/integration/test_celery_conf.py checks it.
 """
 
+import socket as _socket
 from datetime import timedelta as _timedelta
 from pathlib import Path as _Path
 
@@ -33,8 +34,33 @@ if _settings.broker_is_filesystem:
     for _key in ("data_folder_in", "processed_folder", "control_folder"):
         _Path(str(broker_transport_options[_key])).mkdir(parents=True, exist_ok=True)
 else:
-    # Redis redelivers an unacked message after this; it must exceed the longest task run.
-    broker_transport_options = {"visibility_timeout": 2 * _settings.archive_lease_seconds + 60}
+    # Below the shortest lease, so that a worker or beat on a blackholed network gets an error
+    # from its own socket and reconnects, instead of sitting in recv() for the kernel's ~15
+    # minutes of retransmissions while its main process can enforce no time limit
+    # (docs/operations.md "Partitions and frozen nodes").
+    _lease = min(_settings.archive_lease_seconds, _settings.sender_lease_seconds)
+    _socket_seconds = max(2, min(10, _lease // 4))  # above BRPOP's 1 s server-side timeout
+    _keepalive = {
+        getattr(_socket, name): value
+        for name, value in (
+            ("TCP_KEEPIDLE", _socket_seconds),
+            ("TCP_KEEPINTVL", 1),
+            ("TCP_KEEPCNT", 3),
+        )
+        if hasattr(_socket, name)
+    }
+    broker_transport_options = {
+        # Redis redelivers an unacked message after this; it must exceed the longest task run.
+        "visibility_timeout": 2 * _settings.archive_lease_seconds + 60,
+        "socket_timeout": _socket_seconds,
+        "socket_connect_timeout": _socket_seconds,
+        "socket_keepalive": True,
+        "socket_keepalive_options": _keepalive,
+        # kombu drops a BRPOP connection whose reply is this much overdue (the event loop sets
+        # no socket timeout of its own).
+        "health_check_interval": max(1, min(25, _lease // 4)),
+    }
+    broker_connection_timeout = _socket_seconds
 
 task_ignore_result = True
 result_backend = None
@@ -49,6 +75,9 @@ worker_send_task_events = True
 task_send_sent_event = True
 worker_hijack_root_logger = False
 broker_connection_retry_on_startup = True
+# A worker cut off from the broker keeps retrying and serves again once the network heals, without
+# a restart (the default gives up after 100 attempts).
+broker_connection_max_retries = None
 timezone = "UTC"
 enable_utc = True
 

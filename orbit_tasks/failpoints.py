@@ -7,13 +7,19 @@ Actions:
   so that a test can ``SIGKILL`` or ``SIGSTOP`` the process at exactly that point.
 - ``stop:<marker>`` — create the marker file, then ``SIGSTOP`` this very process; it continues
   where it stopped when the test sends ``SIGCONT`` (a stale worker coming back).
+- ``hold:<marker>`` — create the marker file, then wait (holding whatever it holds: an open
+  transaction, a file) until the test removes the marker; then continue. With ``SIGSTOP`` of
+  the whole process group in between, a frozen node that comes back.
 - ``exit`` — ``os._exit(137)`` immediately (a crash without cleanup).
 - ``oserror:<ERRNO>`` — raise ``OSError`` with that errno name (e.g. ``oserror:EIO``), as the
   system call at this point would: tests the cleanup of every failure path of a durable write.
 
 Names used by the archive runner: ``archive.after_claim``, ``archive.after_file_write`` (durably
 written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``, and in its
-read-ahead thread ``archive.read_ahead`` (a prepared batch file handed over, not written).
+read-ahead thread ``archive.read_ahead`` (a prepared batch file handed over, not written);
+the job store's ``archive.finalize.before_commit`` (SUCCEEDED and the plan written, not
+committed: the job and plan rows are locked). The relay's ``sender.claim.before_commit`` (a page
+of outbox rows claimed, not committed).
 Durable writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and
 synced), ``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced
 removal has renamed the name aside). ``orbit storage init``: ``storage.init.before_commit``
@@ -68,6 +74,13 @@ def hit(name: str) -> None:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if action.startswith("hold:"):
+        marker = Path(action[len("hold:") :])
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(os.getpid()))
+        while marker.exists():
+            time.sleep(0.05)
         return
     if action.startswith("pause:"):
         marker = Path(action[len("pause:") :])

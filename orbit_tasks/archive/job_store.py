@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select, update
 
+from orbit_tasks import failpoints
 from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
@@ -41,6 +42,7 @@ from orbit_tasks.archive.jobs import (
 )
 from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
 from orbit_tasks.db.engine import DB_CLOCK, Clock
+from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
 from orbit_tasks.db.platform_tables import archive_plans
 from orbit_tasks.db.platform_tables import archive_policies as P
@@ -72,10 +74,16 @@ def _key(ns_id: bytes, job_id: bytes) -> Any:
 
 
 @contextmanager
-def _transaction(bind: Bind) -> Iterator[Connection]:
+def _transaction(bind: Bind, *, atomic: bool = False) -> Iterator[Connection]:
+    """One transaction on ``bind``. On the runner's connection (autocommit on MySQL, see
+    ``db.engine.single_statements``) each statement commits by itself unless ``atomic``: a
+    compare-and-set needs no transaction around it, and holds its lock only while it runs."""
     if isinstance(bind, Engine):
         with bind.begin() as conn:
             yield conn
+    elif atomic:
+        with atomic_transaction(bind):
+            yield bind
     else:
         with bind.begin():
             yield bind
@@ -319,13 +327,18 @@ def _clear_plan(conn: Connection, job: Job) -> None:
 
 def finalize(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
     """SUCCEEDED with the lease cleared and the plan's ``active_job_id`` cleared (if it still
-    points at this job), in one transaction, fenced by the claim and the confirmed chain."""
-    with _transaction(bind) as conn:
+    points at this job), in one transaction, fenced by the claim and the confirmed chain.
+
+    The one write of a claim with two statements: between them and the ``COMMIT`` it holds the
+    job and plan rows (failpoint ``archive.finalize.before_commit``). A holder that goes silent
+    there is rolled back by the server's idle-transaction bound (db/session_bounds.py)."""
+    with _transaction(bind, atomic=True) as conn:
         _fenced_update(
             conn, c, clock, "finalize", on_chain=True,
             state=JobState.SUCCEEDED.value, lease_id=None, lease_until=None,
         )  # fmt: skip
         _clear_plan(conn, c.job)
+        failpoints.hit("archive.finalize.before_commit")
 
 
 # --- manual operations ---------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from orbit_tasks.archive.volume import (
     store_job_file,
 )
 from orbit_tasks.archive.wakeups import Publisher
-from orbit_tasks.db.engine import DB_CLOCK, Clock
+from orbit_tasks.db.engine import DB_CLOCK, Clock, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
@@ -127,6 +127,7 @@ def run_job(
     ns_id, job_id = from_hex(ns_hex, "namespace id"), from_hex(job_hex, "job id")
     try:
         with engine.connect() as conn:
+            conn = single_statements(conn)  # no lock outlives a statement but finalize's
             with conn.begin():
                 job = store.get_job(conn, ns_id, job_id)
             if job is None:
@@ -510,6 +511,7 @@ def _loop(
 ) -> str:
     """Run the claim chain of an existing claim ``c`` (tests: a claim taken elsewhere)."""
     with engine.connect() as conn:
+        conn = single_statements(conn)
         ch = _Chain(
             engine, conn, c, volume, job_dir(volume, c.job.namespace_id, c.job.id), settings,
             clock, time.monotonic() + settings.archive_slice_seconds,

@@ -1,15 +1,20 @@
 """Engines and the one database clock (and its seam for tests).
 
 MySQL/MariaDB: mysqlclient with ``charset=utf8mb4``, ``READ COMMITTED`` (claims are
-compare-and-set updates; no gap locks needed), pre-ping. SQLite (embedded default): WAL,
-a busy timeout, and ``BEGIN IMMEDIATE`` for every transaction so that a compare-and-set claim
-never has to upgrade a read lock (SQLite would fail such an upgrade with "database is locked").
+compare-and-set updates; no gap locks needed), pre-ping, and the session bounds of
+:mod:`orbit_tasks.db.session_bounds` set at connect (idle transactions, lock waits, socket
+timeouts below the lease). SQLite (embedded default): WAL, a busy timeout, and
+``BEGIN IMMEDIATE`` for every transaction so that a compare-and-set claim never has to upgrade a
+read lock (SQLite would fail such an upgrade with "database is locked").
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +26,13 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 
 from orbit_tasks import oserrors
 from orbit_tasks.db import collation as _collation  # noqa: F401 - registers the DDL hook
+from orbit_tasks.db.session_bounds import (
+    SessionBounds,
+    connect_args,
+    server_of,
+    session_statement,
+    session_variables,
+)
 from orbit_tasks.db.types import DateTime6
 from orbit_tasks.errors import InvalidInput, OrbitError
 
@@ -86,12 +98,12 @@ def parse_database_url(url: str, what: str = "database URL") -> URL:
 SETTING_ATTR = "orbit_setting"
 
 
-def engine_for_setting(what: str, url: str) -> Engine:
+def engine_for_setting(what: str, url: str, bounds: SessionBounds | None = None) -> Engine:
     """:func:`make_engine` for the URL held by the environment variable ``what``: a bad URL, or a
     SQLite folder that cannot be created, is one error naming the variable (SPEC §9)."""
     parse_database_url(url, what)
     try:
-        engine = make_engine(url)
+        engine = make_engine(url, bounds=bounds)
     except OSError as exc:  # creating the folder of a SQLite file
         message = f"{what} {redact_url(url)!r}: {exc.filename or 'folder'}: {oserrors.reason(exc)}"
         if oserrors.is_path_error(exc):
@@ -108,8 +120,33 @@ def engine_for_setting(what: str, url: str) -> Engine:
     return engine
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine for ``url`` with this project's connection rules."""
+_log = logging.getLogger("orbit.db.engine")
+
+# Attribute of an engine made with bounds: the SessionBounds its sessions set (start checks).
+BOUNDS_ATTR = "orbit_session_bounds"
+
+
+def _set_session(dbapi_conn: Any, bounds: SessionBounds | None) -> None:
+    """The session variables of :mod:`session_bounds` in one ``SET``; a server that refuses one
+    (unknown variable, no privilege) still gets the others, and the start check warns."""
+    server = server_of(str(dbapi_conn.get_server_info()))
+    cur = dbapi_conn.cursor()
+    try:
+        try:
+            cur.execute(session_statement(bounds, server))
+        except Exception:  # noqa: BLE001 - one by one below; the start check reports the rest
+            for name, value in session_variables(bounds, server).items():
+                try:
+                    cur.execute(f"SET SESSION {name} = %s", (value,))
+                except Exception as exc:  # noqa: BLE001
+                    _log.warning("session variable %s not set: %s", name, type(exc).__name__)
+    finally:
+        cur.close()
+
+
+def make_engine(url: str, *, bounds: SessionBounds | None = None, **kwargs: Any) -> Engine:
+    """Create an engine for ``url`` with this project's connection rules; ``bounds``: the
+    session bounds every connection sets (None: the UTC session alone, no client timeouts)."""
     parsed = parse_database_url(url)
     if parsed.get_backend_name() in ("mysql", "mariadb"):
         # The mysql dialect detects MariaDB from the server; "mariadb://" URLs would ignore the
@@ -120,27 +157,30 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("pool_pre_ping", True)
         kwargs.setdefault("pool_recycle", 3600)
         kwargs.setdefault("isolation_level", "READ COMMITTED")
+        if bounds is not None:
+            kwargs["connect_args"] = {**connect_args(bounds), **kwargs.get("connect_args", {})}
         engine = create_engine(parsed, **kwargs)
+        setattr(engine, BOUNDS_ATTR, bounds)
 
         @event.listens_for(engine, "connect")
-        def _utc_session(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("SET time_zone = '+00:00'")
-            cur.close()
+        def _bounded_utc_session(dbapi_conn: Any, _record: Any) -> None:
+            _set_session(dbapi_conn, bounds)
 
         return engine
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        kwargs.setdefault("connect_args", {"timeout": 30})
+        busy = 30 if bounds is None else bounds.sqlite_busy_seconds
+        kwargs.setdefault("connect_args", {"timeout": busy})
         engine = create_engine(parsed, **kwargs)
+        setattr(engine, BOUNDS_ATTR, bounds)
 
         @event.listens_for(engine, "connect")
         def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={busy * 1000}")
             cur.execute("PRAGMA synchronous=FULL")
             cur.close()
 
@@ -150,6 +190,32 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         return engine
     return create_engine(parsed, **kwargs)
+
+
+def single_statements(conn: Connection) -> Connection:
+    """``conn`` in autocommit on MySQL/MariaDB: each statement commits by itself, so a
+    one-statement write (a claim's compare-and-set, a confirm) holds its row lock only while the
+    server runs it, never while the client could vanish before a ``COMMIT``. Statements that
+    must commit together go in :func:`atomic`. SQLite: unchanged (``BEGIN IMMEDIATE``)."""
+    if is_mysql(conn):
+        return conn.execution_options(isolation_level="AUTOCOMMIT")
+    return conn
+
+
+@contextmanager
+def atomic(conn: Connection) -> Iterator[Connection]:
+    """One transaction of several statements on ``conn``, also when ``conn`` is in autocommit
+    (:func:`single_statements`): an explicit ``START TRANSACTION``, ended by the ``COMMIT`` or
+    ``ROLLBACK`` that the DB-API sends when the block ends."""
+    autocommit = is_mysql(conn) and conn.get_execution_options().get("isolation_level") == (
+        "AUTOCOMMIT"
+    )
+    if autocommit and conn.in_transaction():
+        conn.commit()  # an autobegun no-op: each earlier statement has committed by itself
+    with conn.begin():
+        if autocommit:
+            conn.exec_driver_sql("START TRANSACTION")
+        yield conn
 
 
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"

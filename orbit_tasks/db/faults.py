@@ -31,8 +31,11 @@ TRANSIENT_SERVER_CODES = frozenset(
 )  # fmt: skip
 
 
-# Lock conflicts: the transaction lost a race, running it again right away usually succeeds.
-LOCK_CONFLICT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
+# Lock conflicts: the transaction lost a race (deadlock: running it again right away usually
+# succeeds) or met a row another session holds (lock wait timeout: try later).
+LOCK_WAIT_TIMEOUT = 1205
+DEADLOCK = 1213
+LOCK_CONFLICT_CODES = frozenset({LOCK_WAIT_TIMEOUT, DEADLOCK})
 
 
 def is_lock_conflict(exc: BaseException) -> bool:

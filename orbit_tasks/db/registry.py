@@ -4,6 +4,10 @@ An embedded SQLite file is created only by the command that creates the schema (
 ``sender db upgrade``: ``create=True``). Any other command finds it missing and says which
 upgrade to run, instead of leaving an empty database file behind (a refused command writes
 nothing, docs/cli.md).
+
+Every session sets the bounds of :mod:`orbit_tasks.db.session_bounds` derived from the lease of
+the work on that database: the archive lease for the platform database, the sender lease for the
+business database (docs/operations.md "Partitions and frozen nodes").
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
+from orbit_tasks.db.session_bounds import SessionBounds, bounds_for_lease
 from orbit_tasks.errors import OrbitError
 from orbit_tasks.settings import get_settings
 
 _lock = threading.Lock()
-_engines: dict[str, Engine] = {}
+_engines: dict[tuple[str, SessionBounds], Engine] = {}
 
 
 class DatabaseMissing(OrbitError):
@@ -35,26 +40,39 @@ def _require_sqlite_file(url: str, variable: str, fix: str) -> None:
         )
 
 
-def _engine(url: str, variable: str, fix: str, create: bool) -> Engine:
+def _engine(url: str, variable: str, fix: str, create: bool, lease_seconds: int) -> Engine:
+    bounds = bounds_for_lease(lease_seconds)
+    if create:  # `db upgrade`: a migration may run one long statement
+        bounds = bounds.without_io_bound()
+    key = (url, bounds)
     with _lock:
-        engine = _engines.get(url)
+        engine = _engines.get(key)
         if engine is None:
             if not create:
                 _require_sqlite_file(url, variable, fix)
-            engine = _engines[url] = engine_for_setting(variable, url)
+            engine = _engines[key] = engine_for_setting(variable, url, bounds)
         return engine
 
 
 def platform_engine(*, create: bool = False) -> Engine:
-    return _engine(get_settings().database_url, "ORBIT_DATABASE_URL", "orbit db upgrade", create)
+    settings = get_settings()
+    return _engine(
+        settings.database_url,
+        "ORBIT_DATABASE_URL",
+        "orbit db upgrade",
+        create,
+        settings.archive_lease_seconds,
+    )
 
 
 def business_engine(*, create: bool = False) -> Engine:
+    settings = get_settings()
     return _engine(
-        get_settings().sender_database_url,
+        settings.sender_database_url,
         "ORBIT_SENDER_DATABASE_URL",
         "orbit sender db upgrade",
         create,
+        settings.sender_lease_seconds,
     )
 
 

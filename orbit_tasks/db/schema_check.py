@@ -37,6 +37,7 @@ from orbit_tasks.db.schema_facts import (
     normalize_type,
     table_differences,
 )
+from orbit_tasks.db.session_check import warn_unless_bounded
 from orbit_tasks.db.sql_expr import constraints_of_create_table
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.logs import log_action
@@ -432,3 +433,4 @@ def require_schema(engine: Engine, chain: Chain, *, allow_unreachable: bool = Fa
         return
     if not report.ok:
         raise SchemaNotReady(report.one_line())
+    warn_unless_bounded(engine, chain)

@@ -24,7 +24,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from orbit_tasks.db.faults import is_lock_conflict
+from orbit_tasks import failpoints
+from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
@@ -96,8 +97,10 @@ class Relay:
     def _in_transaction(
         self, conn: Connection, fn: Callable[[Connection, bool], T], attempts: int = 3
     ) -> T:
-        """Run ``fn(conn, batched)`` in one transaction on ``conn``; retry a deadlock / lock wait
-        timeout a few times, and a raced page statement once with single-row statements."""
+        """Run ``fn(conn, batched)`` in one transaction on ``conn``; retry a deadlock a few
+        times, and a raced page statement once with single-row statements. A lock wait timeout
+        is not retried: the row is another session's (candidates skip locked rows, so it is an
+        operator's or a frozen node's), and waiting again could overrun the pass's limits."""
         batched = True
         for attempt in range(attempts):
             try:
@@ -106,7 +109,7 @@ class Relay:
             except BatchRaced:
                 batched = False
             except OperationalError as exc:
-                if not is_lock_conflict(exc) or attempt == attempts - 1:
+                if driver_code(exc) != DEADLOCK or attempt == attempts - 1:
                     raise
                 time.sleep(0.01 * (attempt + 1))
         with conn.begin():
@@ -185,6 +188,8 @@ class Relay:
             else:
                 ready = [c for c in ready if store.claim(conn, c, now, self.lease_seconds)]
             claimed += [store.claimed_row(c, now, self.lease_seconds) for c in ready]
+        if claimed:
+            failpoints.hit("sender.claim.before_commit")
         return [Owned(r, mono) for r in claimed], seen, guarded
 
     def claim_batch(self, identity: Identity, limit: int) -> tuple[list[Owned], int, int]:

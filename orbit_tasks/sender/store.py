@@ -412,7 +412,7 @@ def sweep_deadlines(conn: Connection, now: dt.datetime, limit: int) -> int:
     for ns, queue in outbox_queues(conn):
         if moved >= limit:
             break
-        rows = conn.execute(
+        stmt = (
             select(o.c.operation_id, o.c.state, o.c.lease_epoch)
             .where(
                 o.c.namespace_id == ns,
@@ -422,7 +422,12 @@ def sweep_deadlines(conn: Connection, now: dt.datetime, limit: int) -> int:
             )
             .order_by(o.c.wake_at, o.c.operation_id)
             .limit(limit - moved)
-        ).all()
+        )
+        if is_mysql(conn):
+            # A row another session holds (a frozen sender's uncommitted claim) is skipped, not
+            # waited for: the next sweep takes it once the server has rolled that back.
+            stmt = stmt.with_for_update(skip_locked=True)
+        rows = conn.execute(stmt).all()
         for op, state, epoch in rows:
             result = conn.execute(
                 update(o)

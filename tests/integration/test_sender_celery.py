@@ -225,3 +225,77 @@ def test_short_leases_pass_within_their_time_limits(
     out = workers.output()
     assert "sender.pass.done" in out
     assert "SoftTimeLimitExceeded" not in out and "TimeLimitExceeded" not in out, out[-3000:]
+
+
+def _open_write_transactions(engine: Engine) -> list[int]:
+    """Rows modified by each open transaction of another session (a frozen sender's page)."""
+    with engine.connect() as conn:
+        return [
+            int(n)
+            for (n,) in conn.execute(
+                text(
+                    "SELECT trx_rows_modified FROM information_schema.innodb_trx "
+                    "WHERE trx_rows_modified > 0 AND trx_mysql_thread_id <> CONNECTION_ID()"
+                )
+            )
+        ]
+
+
+def _accepted(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT COUNT(*) FROM sender_outbox WHERE state = 'ACCEPTED'")
+            ).scalar_one()
+        )
+
+
+def test_a_frozen_sender_holding_a_page_of_claims_blocks_nothing(
+    world: World, business: tuple[str, Engine], workers: Workers, beat: Celery, tmp_path: Path
+) -> None:
+    """Issue 14: a sender frozen (SIGSTOP of its process group) between its page claim and the
+    COMMIT. Another sender delivers the other rows at once (candidates skip locked rows); the
+    server rolls the silent transaction back within the idle bound (lease 40 -> 10 s), and the
+    held rows go out then, well within 2x the lease; one platform task per key, no REVIEW."""
+    url, engine = business
+    total = 60
+    enqueue_many(engine, world.ns, world.queues, total)
+    lease = 40
+    env = celery_env(
+        url, world.platform_url, world.api.base_url, world.token,
+        ORBIT_SENDER_LEASE_SECONDS=str(lease), ORBIT_SENDER_CONCURRENCY="2",
+    )  # fmt: skip
+    marker = tmp_path / "holding"
+    frozen = workers.start(
+        "sender-frozen", {**env, "ORBIT_FAILPOINTS": f"sender.claim.before_commit=hold@1:{marker}"}
+    )
+    end = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < end:
+        tick(beat)
+        time.sleep(0.3)
+    assert marker.exists(), "the first sender never claimed"
+    os.killpg(frozen.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    (held,) = _open_write_transactions(engine)  # the page, locked and not committed
+    assert 0 < held < total
+    workers.start("sender-live", env)
+    # The live sender delivers every row but the held page while the page is still locked.
+    end = stopped + lease
+    while _open_write_transactions(engine) and time.monotonic() < end:
+        tick(beat)
+        time.sleep(0.3)
+    rolled_back = time.monotonic() - stopped
+    delivered_meanwhile = _accepted(engine)
+    assert delivered_meanwhile >= total - held, (delivered_meanwhile, held)
+    run_until_settled(beat, engine, timeout=2 * lease - (time.monotonic() - stopped))
+    settled = time.monotonic() - stopped
+    print(
+        f"page of {held} held; rolled back after {rolled_back:.1f} s; all ACCEPTED {settled:.1f} s"
+    )
+    assert settled < 2 * lease
+    marker.unlink()
+    os.killpg(frozen.pid, signal.SIGCONT)  # its late COMMIT finds its session gone
+    time.sleep(2)
+    assert check_invariants(engine, world.platform, require_accepted=True) == {"ACCEPTED": total}
+    table = rows(engine)
+    assert all(r.state == "ACCEPTED" and r.last_code == "ACCEPTED" for r, _ in table.values())
