@@ -78,6 +78,9 @@ broker_connection_retry_on_startup = True
 # A worker cut off from the broker keeps retrying and serves again once the network heals, without
 # a restart (the default gives up after 100 attempts).
 broker_connection_max_retries = None
+# ... at once and then every second, so the first progress after a Redis restart or a healed
+# partition comes within one tick (orbit_tasks/broker_reconnect.py).
+worker_consumer = "orbit_tasks.broker_reconnect:Consumer"
 timezone = "UTC"
 enable_utc = True
 

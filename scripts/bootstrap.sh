@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in libmariadb-dev pkg-config gcc chromium jq docker-compose prometheus; do
+for pkg in libmariadb-dev pkg-config gcc chromium jq docker-compose prometheus iptables iproute2; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

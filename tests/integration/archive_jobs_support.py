@@ -74,9 +74,10 @@ class ArchiveEnv:
         extra_env: dict[str, str] | None = None,
         wait_ready: bool = True,
         control: bool = False,
+        prefix: list[str] | None = None,
     ) -> Worker:
         """``orbit worker archive`` on ``volumes`` (``orbit worker control`` when ``volumes`` is
-        empty)."""
+        empty); ``prefix``: a command the worker runs under (``ip netns exec NS``)."""
         env = dict(self.env)
         if failpoints:
             env["ORBIT_FAILPOINTS"] = failpoints
@@ -93,7 +94,12 @@ class ArchiveEnv:
         log = self.tmp / f"worker-{name}.log"
         fh = open(log, "wb")  # noqa: SIM115 - closed in Worker.stop
         proc = subprocess.Popen(
-            args, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            [*(prefix or []), *args],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         w = Worker(name, proc, log, fh)
         self.workers.append(w)
@@ -139,14 +145,16 @@ class Worker:
 
 
 @contextmanager
-def archive_env(url: str, engine: Engine, tmp: Path, **overrides: str) -> Iterator[ArchiveEnv]:
-    r = redis.Redis.from_url(REDIS_URL)
+def archive_env(
+    url: str, engine: Engine, tmp: Path, *, broker: str = REDIS_URL, **overrides: str
+) -> Iterator[ArchiveEnv]:
+    r = redis.Redis.from_url(broker)
     r.flushdb()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORBIT_", "CELERY_"))}
     env.update(
         ORBIT_DATABASE_URL=url,
         ORBIT_SENDER_DATABASE_URL=f"sqlite:///{tmp / 'business.sqlite3'}",
-        CELERY_BROKER_URL=REDIS_URL,
+        CELERY_BROKER_URL=broker,
         ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE),
         ORBIT_ARCHIVE_SLICE_SECONDS=str(SLICE),
         ORBIT_VAR_DIR=str(tmp / "var"),
@@ -155,7 +163,7 @@ def archive_env(url: str, engine: Engine, tmp: Path, **overrides: str) -> Iterat
     )
     env.update(overrides)
     settings = load_settings(env)
-    app = Celery("orbit-test", broker=REDIS_URL)
+    app = Celery("orbit-test", broker=broker)
     app.conf.task_create_missing_queues = True
     ae = ArchiveEnv(url, engine, tmp, env, settings, app)
     try:
