@@ -250,17 +250,24 @@ def _accepted(engine: Engine) -> int:
         )
 
 
+@pytest.mark.parametrize("lease", [5, 40])
 def test_a_frozen_sender_holding_a_page_of_claims_blocks_nothing(
-    world: World, business: tuple[str, Engine], workers: Workers, beat: Celery, tmp_path: Path
+    world: World,
+    business: tuple[str, Engine],
+    workers: Workers,
+    beat: Celery,
+    tmp_path: Path,
+    lease: int,
 ) -> None:
     """Issue 14: a sender frozen (SIGSTOP of its process group) between its page claim and the
     COMMIT. Another sender delivers the other rows at once (candidates skip locked rows); the
     server rolls the silent transaction back within the idle bound (lease 40 -> 10 s), and the
-    held rows go out then, well within 2x the lease; one platform task per key, no REVIEW."""
+    held rows go out then, well within 2x the lease; one platform task per key, no REVIEW. At
+    the smallest lease (5 s: idle bound 1 s) the page is rolled back before the live sender has
+    started, so only the bound on the whole is checked there."""
     url, engine = business
     total = 60
     enqueue_many(engine, world.ns, world.queues, total)
-    lease = 40
     env = celery_env(
         url, world.platform_url, world.api.base_url, world.token,
         ORBIT_SENDER_LEASE_SECONDS=str(lease), ORBIT_SENDER_CONCURRENCY="2",
@@ -286,7 +293,8 @@ def test_a_frozen_sender_holding_a_page_of_claims_blocks_nothing(
         time.sleep(0.3)
     rolled_back = time.monotonic() - stopped
     delivered_meanwhile = _accepted(engine)
-    assert delivered_meanwhile >= total - held, (delivered_meanwhile, held)
+    if lease >= 40:
+        assert delivered_meanwhile >= total - held, (delivered_meanwhile, held)
     run_until_settled(beat, engine, timeout=2 * lease - (time.monotonic() - stopped))
     settled = time.monotonic() - stopped
     print(
