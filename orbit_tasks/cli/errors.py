@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import click
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from orbit_tasks import oserrors
@@ -49,6 +50,18 @@ def describe_error(exc: Exception) -> tuple[str, int]:
         f"unexpected {type(exc).__name__}; rerun with ORBIT_LOG_LEVEL=DEBUG for the traceback",
         1,
     )
+
+
+def describe_usage_error(exc: click.ClickException) -> tuple[str, int]:
+    """Click's own refusal (a bad option value, a value out of its range or choices, a missing
+    option or argument, an unknown command) as the one line of docs/cli.md, without click's
+    usage block: ``invalid value for '--port': 0 is not in the range 1<=x<=65535``. Exit 2 for
+    usage errors (click's ``exit_code``)."""
+    lines = [line.strip() for line in exc.format_message().splitlines() if line.strip()]
+    text = "; ".join(lines) or type(exc).__name__
+    if len(text) > 1 and text[0].isupper() and text[1].islower():
+        text = text[0].lower() + text[1:]
+    return text.removesuffix("."), exc.exit_code
 
 
 def describe_os_error(exc: OSError) -> str:
