@@ -96,6 +96,8 @@ def describe_database_error(exc: DBAPIError) -> str:
         return missing_table_hint(table)
     if isinstance(exc, OperationalError):
         return describe_operational_error(exc)
+    if "file is not a database" in _first_arg(exc):
+        return "the file is not a SQLite database"
     code = _driver_code(exc)
     suffix = "" if code is None else f", driver code {code}"
     return f"database refused the change ({type(exc.orig).__name__}{suffix})"
@@ -115,8 +117,7 @@ def describe_operational_error(exc: OperationalError) -> str:
         if code in LOCK_CONFLICT_CODES:
             return f"database busy (lock wait or deadlock, driver code {code}); retry"
         return f"database error (driver code {code})"
-    args = getattr(exc.orig, "args", ())
-    text = str(args[0]) if args else ""
+    text = _first_arg(exc)
     if "locked" in text:
         return "database busy (SQLite file locked); retry"
     if "unable to open" in text:
@@ -127,6 +128,11 @@ def describe_operational_error(exc: OperationalError) -> str:
 def _driver_code(exc: DBAPIError) -> int | None:
     args = getattr(exc.orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+def _first_arg(exc: DBAPIError) -> str:
+    args = getattr(exc.orig, "args", ())
+    return str(args[0]) if args else ""
 
 
 def _first_line(exc: Exception) -> str:
