@@ -491,3 +491,38 @@ def test_sqlite_into_errors_name_the_path(
                 assert "unexpected" not in line, line
         assert garbage.read_bytes().startswith(b"this is not")
         assert os.listdir(folder) == []
+
+
+def test_manifest_tables_outside_the_kind_are_refused(
+    platform_engine: Engine,
+    mariadb_url: str,
+    tmp_path: Path,
+    target_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 14 item 6.5: a verified format-2 job whose manifest names a table that is not one of
+    its kind's (here the platform's credential table as the root) is refused before anything is
+    written (children: tests/unit/test_restore_kind_tables.py)."""
+    from orbit_tasks.archive import fileformat
+
+    real = fileformat.source_descriptor
+
+    def foreign(kind: Any) -> dict[str, Any]:
+        return {**real(kind), "table": "orbit_credentials"}
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        monkeypatch.setattr(fileformat, "source_descriptor", foreign)
+        job, vol = _tasks_job(ae, tmp_path)
+        monkeypatch.undo()
+        env = orbit_env(mariadb_url)
+        assert run_orbit(["job", "verify", job.namespace_id.hex(), job.id.hex(), "--volume",
+                          str(vol)], env).returncode == 0  # fmt: skip
+        for args in (
+            _args(job, vol, target_url),
+            ["archive", "restore", job.namespace_id.hex(), "tasks", "--volume", str(vol),
+             "--into", target_url],
+        ):  # fmt: skip
+            proc = run_orbit(args, env)
+            line = assert_one_line_error(proc, 1, "orbit_credentials", "'tasks'", "orbit_tasks")
+            assert "orbit_task_attempts" in line and "manifest" in line, line
+        _no_rows_anywhere(target_url)
