@@ -143,6 +143,13 @@ class OrbitLogHandler(logging.StreamHandler[IO[str]]):
 # Libraries that install their own handlers (uvicorn's dictConfig, tornado's pretty logging):
 # their records go to the root handler instead, so that they share the one format.
 _PROPAGATING_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "tornado", "celery")
+# Loggers that are set not to propagate behind our back: billiard (Celery's prefork pool) turns
+# propagation off on "multiprocessing" whenever it creates its logger again (Celery resets it at
+# every logging set-up), so without a handler of its own its lines (a hard time limit's kill,
+# "Process 'ForkPoolWorker-1' ... exited with 'signal 9 (SIGKILL)'", a pool process's error with
+# its traceback) reached stderr raw through ``logging.lastResort``. The one handler is attached
+# to them directly.
+_DETACHED_LOGGERS = ("multiprocessing",)
 
 
 def configure_logging(
@@ -163,6 +170,14 @@ def configure_logging(
         for other in list(lib.handlers):
             lib.removeHandler(other)
         lib.propagate = True
+    for name in _DETACHED_LOGGERS:
+        lib = logging.getLogger(name)
+        for other in list(lib.handlers):
+            lib.removeHandler(other)
+        lib.addHandler(handler)
+        lib.propagate = False  # billiard's own setting; the handler above is the one line
+        # its INFO lines are per-child chatter ("child process N calling self.run()")
+        lib.setLevel(max(logging.WARNING, root.level))
     for name in ("orbit", "orbit_tasks"):
         # One root handler serves every logger; no own handlers or levels below it.
         own = logging.getLogger(name)

@@ -51,6 +51,7 @@ from orbit_tasks.archive.table_schema import (
 from orbit_tasks.archive.verify import ChainInvalid, verify_job_dir
 from orbit_tasks.archive.volume import job_dir, list_names, read_file
 from orbit_tasks.errors import IllegalState, InvalidInput, OrbitError
+from orbit_tasks.platform.history import HistoryKind, history_kind
 
 WRITE_TRIES = 3  # a concurrent writer inserting the same key between our read and our insert
 
@@ -188,11 +189,30 @@ def open_job(platform: Engine, job: Job, directory: Path) -> JobArchive:
     try:
         manifest = decode_manifest(data)
         schema = schema_of(manifest)
+        check_kind_tables(schema, history_kind(job.kind))
     except FormatError as exc:
         raise ArchiveUnreadable(job.id, manifest_file, exc.args[0]) from None
     return JobArchive(
         job, directory, rng, manifest, schema, manifest_file, tuple(n for _, n in named[1:])
     )
+
+
+def check_kind_tables(schema: SourceSchema, kind: HistoryKind) -> None:
+    """A restore writes only the tables of the job's history kind: the manifest's root table is
+    the kind's root table, each child table one of its child tables (an archive written before a
+    child table existed has fewer). :class:`FormatError` names the table and the allowed ones."""
+    children = [c.table.name for c in kind.children]
+    foreign = [f"child table {spec.name}" for spec, _ in schema.children
+               if spec.name not in children]  # fmt: skip
+    if schema.root.name != kind.root.name:
+        foreign.insert(0, f"root table {schema.root.name}")
+    if foreign:
+        bad = foreign[0]
+        allowed = ", ".join([kind.root.name, *children])
+        raise FormatError(
+            f"the manifest names the {bad}, which is not a table of kind {kind.name!r} "
+            f"(allowed: {allowed}); nothing written"
+        )
 
 
 CHANGED = "file changed after the chain was verified"

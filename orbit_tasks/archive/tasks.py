@@ -14,6 +14,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 
 from orbit_tasks.celery_app import app
+from orbit_tasks.errors import TransientError
 from orbit_tasks.logs import log_action
 
 log = logging.getLogger("orbit.archive.tasks")
@@ -21,7 +22,9 @@ log = logging.getLogger("orbit.archive.tasks")
 VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
 
 
-@app.task(name="orbit.archive.tick", ignore_result=True)
+# A database or broker that is down is the tick's one WARNING line (archive.tick.failed) and an
+# expected TransientError: Celery logs it at INFO, without a second line at ERROR with a traceback.
+@app.task(name="orbit.archive.tick", ignore_result=True, throws=(TransientError,))
 def tick() -> dict[str, Any]:
     from orbit_tasks.archive.tick import run_tick
     from orbit_tasks.db.registry import platform_engine

@@ -14,23 +14,46 @@ from typing import Any
 
 import click
 
-from orbit_tasks.cli.errors import describe_error
+from orbit_tasks.cli.errors import describe_error, describe_usage_error
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.units import parse_duration, parse_size
 
 log = logging.getLogger("orbit.cli")
 
 
+def _refuse_usage(ctx: click.Context, exc: click.ClickException) -> None:
+    message, code = describe_usage_error(exc)
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(code)
+
+
 class OrbitGroup(click.Group):
     """The CLI's error boundary: every exception of a command becomes ONE line on stderr and its
     exit code (SPEC §9; :func:`orbit_tasks.cli.errors.describe_error`). No traceback reaches an
-    operator; with ``ORBIT_LOG_LEVEL=DEBUG`` an unexpected one is logged with its traceback."""
+    operator; with ``ORBIT_LOG_LEVEL=DEBUG`` an unexpected one is logged with its traceback.
+    Click's own usage errors (bad option values, missing options, unknown commands) become one
+    line too (:func:`orbit_tasks.cli.errors.describe_usage_error`), not click's usage block; a
+    group called without its command still prints its help."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # the top-level options (`orbit --bogus`): parsed before :meth:`invoke`
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.exceptions.ClickException as exc:
+            _refuse_usage(ctx, exc)
+            raise AssertionError("unreachable") from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise  # usage errors and explicit exits: click prints and exits itself
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # `orbit job`: the group's help, as click prints it
+        except click.exceptions.ClickException as exc:
+            _refuse_usage(ctx, exc)
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise  # explicit exits and ^C: click exits itself
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
                 raise  # stdout closed by the reader (`| head`): click exits quietly

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import click
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from orbit_tasks import oserrors
@@ -51,6 +52,18 @@ def describe_error(exc: Exception) -> tuple[str, int]:
     )
 
 
+def describe_usage_error(exc: click.ClickException) -> tuple[str, int]:
+    """Click's own refusal (a bad option value, a value out of its range or choices, a missing
+    option or argument, an unknown command) as the one line of docs/cli.md, without click's
+    usage block: ``invalid value for '--port': 0 is not in the range 1<=x<=65535``. Exit 2 for
+    usage errors (click's ``exit_code``)."""
+    lines = [line.strip() for line in exc.format_message().splitlines() if line.strip()]
+    text = "; ".join(lines) or type(exc).__name__
+    if len(text) > 1 and text[0].isupper() and text[1].islower():
+        text = text[0].lower() + text[1:]
+    return text.removesuffix("."), exc.exit_code
+
+
 def describe_os_error(exc: OSError) -> str:
     """``/path: read-only file system (EROFS)`` (both paths of a rename or link)."""
     names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
@@ -83,6 +96,8 @@ def describe_database_error(exc: DBAPIError) -> str:
         return missing_table_hint(table)
     if isinstance(exc, OperationalError):
         return describe_operational_error(exc)
+    if "file is not a database" in _first_arg(exc):
+        return "the file is not a SQLite database"
     code = _driver_code(exc)
     suffix = "" if code is None else f", driver code {code}"
     return f"database refused the change ({type(exc.orig).__name__}{suffix})"
@@ -102,8 +117,7 @@ def describe_operational_error(exc: OperationalError) -> str:
         if code in LOCK_CONFLICT_CODES:
             return f"database busy (lock wait or deadlock, driver code {code}); retry"
         return f"database error (driver code {code})"
-    args = getattr(exc.orig, "args", ())
-    text = str(args[0]) if args else ""
+    text = _first_arg(exc)
     if "locked" in text:
         return "database busy (SQLite file locked); retry"
     if "unable to open" in text:
@@ -114,6 +128,11 @@ def describe_operational_error(exc: OperationalError) -> str:
 def _driver_code(exc: DBAPIError) -> int | None:
     args = getattr(exc.orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+def _first_arg(exc: DBAPIError) -> str:
+    args = getattr(exc.orig, "args", ())
+    return str(args[0]) if args else ""
 
 
 def _first_line(exc: Exception) -> str:

@@ -19,8 +19,8 @@ from typing import Any
 
 import click
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
 
 from orbit_tasks.archive import job_store, restore_store
 from orbit_tasks.archive import restore as engine_restore
@@ -31,15 +31,18 @@ from orbit_tasks.cli.archive import archive_group
 from orbit_tasks.cli.common import json_option
 from orbit_tasks.cli.errors import describe_operational_error
 from orbit_tasks.cli.job import job_group
-from orbit_tasks.db.engine import make_engine
+from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput, NotFound, OrbitError
 from orbit_tasks.ids import from_hex
 from orbit_tasks.platform.history import history_kind
 from orbit_tasks.platform.store import resolve_namespace
 
-TARGET_BACKENDS = ("mysql", "mariadb", "sqlite")
 SHOWN_CONFLICTS = 20
+# The one connection charset of a MySQL/MariaDB target: archived text is UTF-8 with 4-byte
+# characters, which any other charset cannot carry (or carries as "?").
+TARGET_CHARSET = "utf8mb4"
+INTO = "--into"
 
 
 class TimestampParam(click.ParamType):
@@ -93,6 +96,7 @@ def job_restore(
     ns: str, job: str, volume: Path, into: str, into_source: bool, as_json: bool
 ) -> None:
     """Verify a SUCCEEDED job's chain, then write its rows into the tables of --into."""
+    check_target_url(into)
     platform = platform_engine()
     with platform.connect() as conn:
         namespace = resolve_namespace(conn, ns)
@@ -141,6 +145,7 @@ def archive_restore(
     so "March" gives March's rows even when a job's range starts in February."""
     window = Window(from_, until)
     history_kind(kind)
+    check_target_url(into)
     platform = platform_engine()
     with platform.connect() as conn:
         namespace = resolve_namespace(conn, ns)
@@ -204,21 +209,28 @@ def _volumes(paths: Any) -> dict[bytes, Path]:
     return out
 
 
+def check_target_url(url: str) -> URL:
+    """``--into`` checked as ``ORBIT_DATABASE_URL`` is (scheme, port, database: one line naming
+    ``--into`` and the URL, password hidden), and a MySQL/MariaDB target's ``charset`` must be
+    utf8mb4 (:class:`InvalidInput`, before anything connects or is written)."""
+    parsed = parse_database_url(url, INTO)
+    charset = parsed.query.get("charset")
+    if parsed.get_backend_name() != "sqlite" and charset is not None:
+        values = [charset] if isinstance(charset, str) else list(charset)
+        if any(v.lower() != TARGET_CHARSET for v in values):
+            raise InvalidInput(
+                f"{INTO} {redact_url(url)!r}: charset={','.join(values)} is not allowed "
+                f"(allowed: charset={TARGET_CHARSET}, the default)"
+            )
+    return parsed
+
+
 def _target(url: str, into_source: bool, platform: Engine) -> Engine:
-    """The target engine; refuses a URL of another kind and the live source database."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise InvalidInput(
-            "--into is not a database URL (allowed: mysql://, mariadb://, sqlite:///FILE)"
-        ) from None
-    shown = parsed.render_as_string(hide_password=True)
-    if parsed.get_backend_name() not in TARGET_BACKENDS:
-        raise InvalidInput(
-            f"--into {shown}: backend {parsed.get_backend_name()!r} is not supported "
-            f"(allowed: {', '.join(TARGET_BACKENDS)})"
-        )
-    engine = make_engine(url)
+    """The target engine (its errors name ``--into`` and the URL); refuses a bad URL and the
+    live source database."""
+    check_target_url(url)
+    shown = f"{INTO} {redact_url(url)!r}"
+    engine = engine_for_setting(INTO, url)
     restore_store.strict_sessions(engine)
     try:
         same = restore_store.same_database(platform, engine)
@@ -226,13 +238,13 @@ def _target(url: str, into_source: bool, platform: Engine) -> Engine:
         code = getattr(exc.orig, "args", (None,))[0]
         if code == 1049:
             raise OrbitError(
-                f"--into {shown}: the database does not exist; create it first "
-                "(CREATE DATABASE ... CHARACTER SET utf8mb4)"
+                f"{shown}: the database does not exist; create it first "
+                f"(CREATE DATABASE ... CHARACTER SET {TARGET_CHARSET})"
             ) from None
-        raise OrbitError(f"--into {shown}: {describe_operational_error(exc)}") from None
+        raise OrbitError(f"{shown}: {describe_operational_error(exc)}") from None
     if same and not into_source:
         raise InvalidInput(
-            f"--into {shown} is the live platform database (ORBIT_DATABASE_URL); refused. "
+            f"{shown} is the live platform database (ORBIT_DATABASE_URL); refused. "
             "Add --into-source to restore deleted history in place"
         )
     if same:

@@ -73,6 +73,8 @@ def parse_database_url(url: str, what: str = "database URL") -> URL:
         parsed = make_url(url)
     except ValueError:  # SQLAlchemy's int() of the port
         port = _port_text(url)
+        if port.isdigit():  # the int() was of more than a port: "[::1/x", "host:1:2"
+            raise InvalidInput(f"{shown} cannot be parsed as a database URL ({_EXAMPLE})") from None
         raise InvalidInput(f"{shown}: port {port!r} is not a number (allowed 1..65535)") from None
     except ArgumentError:
         raise InvalidInput(f"{shown} cannot be parsed as a database URL ({_EXAMPLE})") from None

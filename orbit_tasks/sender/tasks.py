@@ -11,14 +11,16 @@ import logging
 import threading
 
 from orbit_tasks.celery_app import app
+from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import business_engine
+from orbit_tasks.errors import TransientError
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender.client import PlatformClient
 from orbit_tasks.sender.limits import pass_limits
 from orbit_tasks.sender.relay import PassStats, Relay
 from orbit_tasks.settings import get_settings
 
-logger = logging.getLogger("orbit.sender")
+logger = logging.getLogger("orbit.sender.tasks")
 _lock = threading.Lock()
 _relay: Relay | None = None
 
@@ -51,20 +53,35 @@ def get_relay() -> Relay:
         return _relay
 
 
-def _run() -> PassStats:
-    return get_relay().run_pass(budget_seconds=LIMITS.claim_seconds)
+def _run(failed_action: str) -> PassStats:
+    """One pass. The business database down or busy is one WARNING line (``failed_action``, the
+    error type and driver code, no traceback) and :class:`TransientError`, which the tasks
+    declare as expected (``throws``): Celery logs it at INFO without a traceback. The next tick
+    retries; rows are owned by their database claims, so nothing is lost."""
+    try:
+        return get_relay().run_pass(budget_seconds=LIMITS.claim_seconds)
+    except Exception as exc:
+        if not is_transient_db(exc):
+            raise
+        log_action(
+            logger, failed_action, logging.WARNING, error=type(exc).__name__, code=driver_code(exc)
+        )
+        raise TransientError(
+            "business database unavailable or busy; the next tick retries"
+        ) from None
 
 
 @app.task(
     name="orbit.sender.tick",
     ignore_result=True,
+    throws=(TransientError,),
     acks_late=True,
     soft_time_limit=LIMITS.soft_limit_seconds,
     time_limit=LIMITS.hard_limit_seconds,
 )
 def tick() -> dict[str, object]:
     """One bounded relay pass (no ETA: the database's ``wake_at`` holds every time)."""
-    stats = _run()
+    stats = _run("sender.tick.failed")
     if stats.more:
         try:
             relay_task.apply_async(queue="orbit.sender")
@@ -78,10 +95,11 @@ def tick() -> dict[str, object]:
 @app.task(
     name="orbit.sender.relay",
     ignore_result=True,
+    throws=(TransientError,),
     acks_late=True,
     soft_time_limit=LIMITS.soft_limit_seconds,
     time_limit=LIMITS.hard_limit_seconds,
 )
 def relay_task() -> dict[str, object]:
     """The same bounded pass, published by a tick that left due rows behind."""
-    return _run().as_fields()
+    return _run("sender.relay.failed").as_fields()

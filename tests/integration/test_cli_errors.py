@@ -55,6 +55,8 @@ BAD_URLS = [
     ("localhost/orbit", 2, ["'localhost/orbit'", "://"], None),
     ("mysql://root:pw123@127.0.0.1:abc/orbit", 2, ["'abc'", "1..65535"], "pw123"),
     ("mysql://root@127.0.0.1:99999/orbit", 2, ["99999", "1..65535"], None),
+    ("mysql://root:pw123@[::1/orbit", 2, ["***@[::1/orbit'", "cannot be parsed"], "pw123"),
+    ("mysql://root@db:1:2/orbit", 2, ["cannot be parsed"], None),
     ("mysql://root@127.0.0.1:3306", 2, ["no database"], None),
     ("sqlite+nosuchdriver:///x.sqlite3", 2, ["'nosuchdriver'"], None),
     ("mysql://root@127.0.0.1:3306/orbit_no_such_db", 1, ["does not exist", "1049"], None),

@@ -171,3 +171,33 @@ def test_api_sender_worker_and_beat_log_json_without_secrets(tmp_path: Path) -> 
     assert "orb_not-a-real-token-123" not in everything
     assert "token=<redacted>" in api_text  # the query string was logged, its value was not
     assert "😀" not in everything  # request bodies (with 4-byte characters) never logged
+
+
+def test_pool_lines_of_a_task_killed_by_its_hard_time_limit_are_json(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Issue 14 item 6.6: the prefork pool's own lines (billiard's "multiprocessing" logger: the
+    hard time limit's kill, "Process 'ForkPoolWorker-1' pid:N exited with 'signal 9 (SIGKILL)'")
+    go through the one JSON formatter too. The task is stopped right after its claim (SIGSTOP:
+    the soft limit cannot interrupt it), so only the hard limit ends it (lease 6 s: soft 4 s,
+    hard 5 s)."""
+    with archive_env(mariadb_url, platform_engine, tmp_path, ORBIT_LOG_FORMAT="json") as ae:
+        ns, queue = make_namespace(platform_engine, "json-limits")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "tasks", sid, batch_size=4)
+        seed(platform_engine, ns, queue, "tasks", 10)
+        marker = tmp_path / "claimed"
+        worker = ae.worker("limits", [vol], failpoints=f"archive.after_claim=stop:{marker}")
+        report = run_tick(platform_engine, ae.settings, lambda *a, **k: None)
+        ((_, kind, job_hex),) = report.jobs_created
+        ae.publish(sid, ns, bytes.fromhex(job_hex), kind=kind)
+        wait_for(marker.exists, 30, "job claimed")
+        wait_for(lambda: "SIGKILL" in worker.text(), 30, "pool child killed")
+        time.sleep(0.5)  # the pool's replacement child starts
+        text = worker.text()
+    records = json_lines(text, "archive worker")
+    messages = [(r["logger"], r["level"], r.get("message", "")) for r in records]
+    assert any("Hard time limit (5s) exceeded" in m for _, _, m in messages), messages
+    exited = [(lg, lv) for lg, lv, m in messages if "exited with 'signal 9 (SIGKILL)'" in m]
+    assert exited == [("multiprocessing", "ERROR")], messages

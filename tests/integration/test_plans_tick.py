@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import os
 import subprocess
 import threading
@@ -792,3 +793,27 @@ def test_operator_change_racing_a_tick_keeps_the_ticks_next_run(platform_engine:
     assert plan.batch_size == 9 and plan.active_job_id is not None
     assert plan.next_run_at == advanced  # the tick's advance survives
     assert len(w.jobs()) == 1
+
+
+@pytest.mark.mariadb
+def test_the_tick_task_with_the_database_down_is_one_warning_and_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Celery task (run through Celery's tracer, as a worker runs it): the tick's one
+    WARNING line, and Celery's own line about the task without a traceback or ERROR level."""
+    from orbit_tasks.archive import tasks
+    from tests.cli_support import _reset_process_state
+
+    monkeypatch.setenv("ORBIT_DATABASE_URL", "mysql+mysqldb://root@127.0.0.1:1/nothing")
+    _reset_process_state()
+    try:
+        with caplog.at_level("INFO"):
+            result = tasks.tick.apply()
+    finally:
+        monkeypatch.undo()
+        _reset_process_state()
+    assert result.state == "FAILURE"
+    failed = [r for r in caplog.records if getattr(r, "action", "") == "archive.tick.failed"]
+    assert len(failed) == 1 and failed[0].levelname == "WARNING"
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert loud == [], [(r.name, r.getMessage()) for r in loud]

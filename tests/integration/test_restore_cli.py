@@ -24,8 +24,9 @@ from orbit_tasks.db.history_tables import task_attempts, tasks
 from orbit_tasks.db.migrate import upgrade
 from orbit_tasks.platform import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.cli_support import orbit_env, run_orbit
+from tests.cli_support import assert_one_line_error, orbit_env, run_orbit
 from tests.dbutil import mariadb_database
+from tests.fs_support import small_tmpfs
 from tests.integration.archive_jobs_support import (
     ArchiveEnv,
     archive_env,
@@ -302,8 +303,8 @@ def test_bad_input_and_refusals_write_nothing(
         env = orbit_env(mariadb_url)
         ns = job.namespace_id.hex()
         cases = [
-            (_args(job, vol, "postgresql://u@h/db"), 2, "backend 'postgresql' is not supported"),
-            (_args(job, vol, "::not a url::"), 2, "--into is not a database URL"),
+            (_args(job, vol, "postgresql://u@h/db"), 2, "unsupported scheme 'postgresql'"),
+            (_args(job, vol, "::not a url::"), 2, "is not a database URL"),
             (_args(job, tmp_path / "nowhere", target_url), 2, "not an archive volume"),
             (_args(job, vol, target_url.rsplit("/", 1)[0] + "/orbit_no_such_db"), 1,
              "does not exist"),
@@ -416,3 +417,112 @@ def test_a_file_changed_after_verification_stops_the_restore(
             target.dispose()
         assert seen == [1, 2]
         assert _count(target_url, tasks) == 8
+
+
+def _no_rows_anywhere(target_url: str) -> None:
+    engine = make_engine(target_url)
+    try:
+        with engine.connect() as conn:
+            assert inspect(conn).get_table_names() == []  # not even empty target tables
+    finally:
+        engine.dispose()
+
+
+def test_bad_into_urls_are_one_line_naming_into(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path, target_url: str
+) -> None:
+    """Issue 14 item 6.1/6.2: an --into URL is checked as ORBIT_DATABASE_URL is (port, parse,
+    scheme, database), and its connection charset must be utf8mb4, before anything is written."""
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        job, vol = _tasks_job(ae, tmp_path)
+        env = orbit_env(mariadb_url)
+        server = target_url.rsplit("/", 1)[0]
+        cases = [
+            ("mysql://root@127.0.0.1:abc/x", ["--into", "'abc'", "1..65535"]),
+            ("mysql://root:pw9@127.0.0.1:70000/x", ["--into", "70000", "1..65535"]),
+            ("mysql://root@[::1/x", ["--into", "cannot be parsed"]),
+            ("mysql://root@127.0.0.1:3306", ["--into", "no database"]),
+            ("postgresql://u@h/db", ["--into", "'postgresql'", "sqlite:///"]),
+            ("::not a url::", ["--into", "'::not a url::'", "://"]),
+        ]
+        cases += [
+            (f"{target_url}?charset={cs}", ["--into", f"charset={cs}", "utf8mb4"])
+            for cs in ("latin1", "ascii", "utf8", "utf8mb3")
+        ]
+        for url, needles in cases:
+            proc = run_orbit(_args(job, vol, url), env)
+            line = assert_one_line_error(proc, 2, *needles)
+            assert "pw9" not in line, line
+            assert "unexpected" not in line, line
+        _no_rows_anywhere(target_url)
+        # archive restore: the same check, before the jobs are read
+        ns = job.namespace_id.hex()
+        proc = run_orbit(["archive", "restore", ns, "tasks", "--volume", str(vol), "--into",
+                          f"{server}/x?charset=latin1"], env)  # fmt: skip
+        assert_one_line_error(proc, 2, "--into", "charset=latin1", "utf8mb4")
+        # utf8mb4 spelled out is the one allowed charset
+        ok = run_orbit(_args(job, vol, f"{target_url}?charset=utf8mb4"), env)
+        assert ok.returncode == 0, ok.stderr
+
+
+def test_sqlite_into_errors_name_the_path(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Issue 14 item 6.3: every failure of a SQLite --into names its file."""
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        job, vol = _tasks_job(ae, tmp_path)
+        env = orbit_env(mariadb_url)
+        plain = tmp_path / "plain-file"
+        plain.write_text("not a directory")
+        garbage = tmp_path / "garbage.sqlite3"
+        garbage.write_bytes(b"this is not a SQLite database, just bytes " * 100)
+        folder = tmp_path / "a-directory.sqlite3"
+        folder.mkdir()
+        cases = [
+            (plain / "t.sqlite3", 2, ["file exists"]),
+            (garbage, 1, ["not a SQLite database"]),
+            (folder, 1, ["cannot open the SQLite file"]),
+        ]
+        with small_tmpfs(tmp_path / "ro", "64k", read_only=True) as ro:
+            cases.append((ro / "t.sqlite3", 1, ["cannot open the SQLite file"]))
+            for path, code, needles in cases:
+                proc = run_orbit(_args(job, vol, f"sqlite:///{path}"), env)
+                line = assert_one_line_error(proc, code, str(path), *needles)
+                assert "unexpected" not in line, line
+        assert garbage.read_bytes().startswith(b"this is not")
+        assert os.listdir(folder) == []
+
+
+def test_manifest_tables_outside_the_kind_are_refused(
+    platform_engine: Engine,
+    mariadb_url: str,
+    tmp_path: Path,
+    target_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 14 item 6.5: a verified format-2 job whose manifest names a table that is not one of
+    its kind's (here the platform's credential table as the root) is refused before anything is
+    written (children: tests/unit/test_restore_kind_tables.py)."""
+    from orbit_tasks.archive import fileformat
+
+    real = fileformat.source_descriptor
+
+    def foreign(kind: Any) -> dict[str, Any]:
+        return {**real(kind), "table": "orbit_credentials"}
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        monkeypatch.setattr(fileformat, "source_descriptor", foreign)
+        job, vol = _tasks_job(ae, tmp_path)
+        monkeypatch.undo()
+        env = orbit_env(mariadb_url)
+        assert run_orbit(["job", "verify", job.namespace_id.hex(), job.id.hex(), "--volume",
+                          str(vol)], env).returncode == 0  # fmt: skip
+        for args in (
+            _args(job, vol, target_url),
+            ["archive", "restore", job.namespace_id.hex(), "tasks", "--volume", str(vol),
+             "--into", target_url],
+        ):  # fmt: skip
+            proc = run_orbit(args, env)
+            line = assert_one_line_error(proc, 1, "orbit_credentials", "'tasks'", "orbit_tasks")
+            assert "orbit_task_attempts" in line and "manifest" in line, line
+        _no_rows_anywhere(target_url)

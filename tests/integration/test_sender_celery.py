@@ -4,6 +4,7 @@ sends (its rows are taken over after their lease). The test publishes the ticks 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -307,3 +308,44 @@ def test_a_frozen_sender_holding_a_page_of_claims_blocks_nothing(
     assert check_invariants(engine, world.platform, require_accepted=True) == {"ACCEPTED": total}
     table = rows(engine)
     assert all(r.state == "ACCEPTED" and r.last_code == "ACCEPTED" for r, _ in table.values())
+
+
+def test_ticks_with_the_business_database_down_log_one_warning_each(
+    world: World, business: tuple[str, Engine], workers: Workers, beat: Celery
+) -> None:
+    """Issue 14 item 6.7: the business database refuses connections (the worker started through
+    a proxy that is then closed): each tick is one WARNING line ``sender.tick.failed`` with the
+    error type and driver code, no traceback, no ERROR line, like the archive tick."""
+    from tests.tcp_proxy import tcp_proxy
+
+    url, _ = business
+    with tcp_proxy("127.0.0.1", 3306) as proxy:
+        proxied = url.replace("127.0.0.1:3306", f"127.0.0.1:{proxy.port}")
+        assert proxied != url
+        env = celery_env(proxied, world.platform_url, world.api.base_url, world.token,
+                         ORBIT_LOG_FORMAT="json")  # fmt: skip
+        workers.start("sender-down", env)
+        log = workers.procs[-1][1]
+        deadline = time.monotonic() + 60
+        while "ready." not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.2)
+        proxy.close()  # connection refused from now on
+        for _ in range(3):
+            tick(beat)
+            time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while log.read_text(errors="replace").count("sender.tick.failed") < 3:
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.2)
+        time.sleep(0.5)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text
+    # (the banner of a plain `celery worker` is text; `orbit worker` passes -q in json mode)
+    records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    failed = [r for r in records if r.get("action") == "sender.tick.failed"]
+    assert len(failed) == 3, failed
+    for r in failed:
+        assert r["level"] == "WARNING" and r["logger"] == "orbit.sender.tasks", r
+        assert r["error"] == "OperationalError" and 2000 <= r["code"] < 3000, r
+    assert [r for r in records if r["level"] in ("ERROR", "CRITICAL") or "exc" in r] == []
