@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -31,6 +33,18 @@ from tests.integration.archive_jobs_support import (
 pytestmark = [pytest.mark.mariadb]
 
 
+@contextmanager
+def bounded_platform(url: str, lease: int) -> Iterator[Engine]:
+    """A migrated platform database and an engine whose sessions carry the bounds of ``lease``."""
+    with migrated_engine(url, "platform"):
+        pass
+    engine = make_engine(url, bounds=bounds_for_lease(lease))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def _session(engine: Engine) -> dict[str, Any]:
     with engine.connect() as conn:
         row = conn.execute(
@@ -43,21 +57,15 @@ def _session(engine: Engine) -> dict[str, Any]:
 
 
 def test_every_connection_carries_the_bounds_of_its_lease(mariadb_url: str) -> None:
-    with migrated_engine(mariadb_url, "platform"):
-        pass
-    engine = make_engine(mariadb_url, bounds=bounds_for_lease(8))
-    try:
+    with bounded_platform(mariadb_url, 8) as engine:
         assert _session(engine) == {"lock_wait": 1, "idle": 2, "tz": "+00:00"}
         assert unmet_bounds(engine) == []
         # a connection the server closed (as the idle bound does) is replaced by the pool
         with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
             victim = conn.execute(text("SELECT CONNECTION_ID()")).scalar_one()
         with make_engine(mariadb_url).connect() as admin:
             admin.execute(text(f"KILL {int(victim)}"))
         assert _session(engine)["lock_wait"] == 1
-    finally:
-        engine.dispose()
 
 
 def test_a_claim_that_meets_a_locked_job_row_gives_up_after_the_lock_wait(
@@ -93,18 +101,14 @@ def test_a_claim_that_meets_a_locked_job_row_gives_up_after_the_lock_wait(
 def test_the_start_check_warns_when_a_session_does_not_carry_the_bounds(
     mariadb_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with migrated_engine(mariadb_url, "platform"):
-        pass
-    engine = make_engine(mariadb_url, bounds=bounds_for_lease(8))
+    with bounded_platform(mariadb_url, 8) as engine:
+        # What a proxy that drops SET statements, or an init rule that overrides them, leaves.
+        @event.listens_for(engine, "connect")
+        def _override(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("SET SESSION innodb_lock_wait_timeout = 50, idle_transaction_timeout = 0")
+            cur.close()
 
-    # What a proxy that drops SET statements, or an init rule that overrides them, leaves behind.
-    @event.listens_for(engine, "connect")
-    def _override(dbapi_conn: Any, _record: Any) -> None:
-        cur = dbapi_conn.cursor()
-        cur.execute("SET SESSION innodb_lock_wait_timeout = 50, idle_transaction_timeout = 0")
-        cur.close()
-
-    try:
         with caplog.at_level(logging.WARNING, logger="orbit.db.session_check"):
             require_schema(engine, "platform")  # starts anyway: a warning, not a refusal
         lines = [r.getMessage() for r in caplog.records if "db.session.unbounded" in r.getMessage()]
@@ -112,34 +116,20 @@ def test_the_start_check_warns_when_a_session_does_not_carry_the_bounds(
         assert "innodb_lock_wait_timeout=50 (wanted 1..1)" in lines[0]
         assert "idle_transaction_timeout=0 (wanted 1..2)" in lines[0]
         assert not warn_unless_bounded(engine, "platform")
-    finally:
-        engine.dispose()
 
 
 def test_no_warning_when_the_bounds_hold(
     mariadb_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with migrated_engine(mariadb_url, "platform"):
-        pass
-    engine = make_engine(mariadb_url, bounds=bounds_for_lease(120))
-    try:
-        with caplog.at_level(logging.WARNING):
-            require_schema(engine, "platform")
-        assert not [r for r in caplog.records if "db.session" in r.getMessage()]
-    finally:
-        engine.dispose()
+    with bounded_platform(mariadb_url, 120) as engine, caplog.at_level(logging.WARNING):
+        require_schema(engine, "platform")
+    assert not [r for r in caplog.records if "db.session" in r.getMessage()]
 
 
 def test_claims_and_confirms_hold_no_lock_after_their_statement(mariadb_url: str) -> None:
-    """On the runner's connection (autocommit) a claim leaves no open transaction behind."""
-    with migrated_engine(mariadb_url, "platform"):
-        pass
-    engine = make_engine(mariadb_url)
-    try:
-        with engine.connect() as conn:
-            conn = single_statements(conn)
-            with conn.begin():
-                conn.execute(text("SELECT COUNT(*) FROM orbit_archive_jobs"))
-            assert conn.execute(text("SELECT @@in_transaction")).scalar_one() == 0
-    finally:
-        engine.dispose()
+    """On the runner's connection (autocommit) a statement leaves no open transaction behind."""
+    with bounded_platform(mariadb_url, 8) as engine, engine.connect() as conn:
+        conn = single_statements(conn)
+        with conn.begin():
+            conn.execute(text("SELECT COUNT(*) FROM orbit_archive_jobs"))
+        assert conn.execute(text("SELECT @@in_transaction")).scalar_one() == 0
