@@ -46,10 +46,11 @@ from celery import Celery  # noqa: E402
 from sqlalchemy import Engine, delete, text, update  # noqa: E402
 
 from bench.mariadb_instance import MariaDBInstance  # noqa: E402
-from orbit_tasks.archive import job_store, plan_store  # noqa: E402
+from orbit_tasks.archive.engine.volume import job_dir, write_identity  # noqa: E402
 from orbit_tasks.archive.jobs import Job, JobState  # noqa: E402
+from orbit_tasks.archive.store import jobs as job_store  # noqa: E402
+from orbit_tasks.archive.store import plans as plan_store  # noqa: E402
 from orbit_tasks.archive.tick import run_tick  # noqa: E402
-from orbit_tasks.archive.volume import job_dir, write_identity  # noqa: E402
 from orbit_tasks.archive.wakeups import make_publisher  # noqa: E402
 from orbit_tasks.db.engine import db_now, make_engine  # noqa: E402
 from orbit_tasks.db.migrate import upgrade  # noqa: E402

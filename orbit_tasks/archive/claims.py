@@ -16,10 +16,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 
-from orbit_tasks.archive.expectation import VerifyReport
-from orbit_tasks.archive.file_names import parse_name
+from orbit_tasks.archive.engine.volume import TMP_PREFIX
+from orbit_tasks.archive.format.expectation import VerifyReport
+from orbit_tasks.archive.format.names import parse_name
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
-from orbit_tasks.archive.volume import TMP_PREFIX
 
 #: One read-ahead query asks for at most this many roots (several batches per statement) ...
 MAX_READ_AHEAD_ROOTS = 1000

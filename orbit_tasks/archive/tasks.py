@@ -33,7 +33,7 @@ def tick() -> dict[str, Any]:
 
 @app.task(name="orbit.archive.run_job", acks_late=True, ignore_result=True)
 def run_job(namespace_hex: str, job_hex: str) -> str:
-    from orbit_tasks.archive import runner
+    from orbit_tasks.archive.engine import runner
     from orbit_tasks.settings import get_settings
 
     volumes = runner.parse_volumes(os.environ.get(VOLUMES_ENV))

@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive import job_store as store
-from orbit_tasks.archive import source
+from orbit_tasks.archive.engine.volume import job_dir, read_identity
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
-from orbit_tasks.archive.volume import job_dir, read_identity
+from orbit_tasks.archive.store import jobs as store
+from orbit_tasks.archive.store import source
 from orbit_tasks.cli.common import SIZE, emit, emit_list, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput
@@ -249,7 +249,7 @@ def _job_volume(j: Job, volume: Path) -> Path:
 
 
 def _expectation(j: Job) -> Any:
-    from orbit_tasks.archive.expectation import ChainExpectation
+    from orbit_tasks.archive.format.expectation import ChainExpectation
 
     with platform_engine().connect() as conn:
         try:
@@ -283,7 +283,7 @@ def _expectation(j: Job) -> Any:
 @json_option
 def job_verify(ns: str, job: str, volume: Path, as_json: bool) -> None:
     """Full chain check of a job's files against its row; exit 1 names the first bad file."""
-    from orbit_tasks.archive.verify import verify_job_dir
+    from orbit_tasks.archive.engine.verify import verify_job_dir
 
     _, j = _load(ns, job)
     directory = _job_volume(j, volume)
@@ -316,7 +316,7 @@ def job_verify(ns: str, job: str, volume: Path, as_json: bool) -> None:
 @click.option("--volume", required=True, type=click.Path(path_type=Path))
 def job_export(ns: str, job: str, volume: Path) -> None:
     """Decoded roots with their children as JSON lines (the chain is verified first)."""
-    from orbit_tasks.archive.verify import export_roots
+    from orbit_tasks.archive.engine.verify import export_roots
 
     _, j = _load(ns, job)
     directory = _job_volume(j, volume)

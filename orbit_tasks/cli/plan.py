@@ -6,7 +6,8 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive import plan_store, schedule
+from orbit_tasks.archive import plans as schedule
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, json_option
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine

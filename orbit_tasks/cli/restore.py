@@ -22,11 +22,18 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
-from orbit_tasks.archive import job_store, restore_store
-from orbit_tasks.archive import restore as engine_restore
-from orbit_tasks.archive.fileformat import format_ts
-from orbit_tasks.archive.restore import EVERYTHING, BatchResult, JobArchive, JobResult, Window
-from orbit_tasks.archive.volume import read_identity
+from orbit_tasks.archive.engine.volume import read_identity
+from orbit_tasks.archive.format.batch import format_ts
+from orbit_tasks.archive.restore import run as engine_restore
+from orbit_tasks.archive.restore import store as restore_store
+from orbit_tasks.archive.restore.run import (
+    EVERYTHING,
+    BatchResult,
+    JobArchive,
+    JobResult,
+    Window,
+)
+from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.archive import archive_group
 from orbit_tasks.cli.common import json_option
 from orbit_tasks.cli.errors import describe_operational_error

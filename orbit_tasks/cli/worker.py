@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive.volume import read_identity
+from orbit_tasks.archive.engine.volume import read_identity
 from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.cli.common import emit
 from orbit_tasks.db.registry import business_engine, platform_engine

@@ -19,11 +19,13 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, select, update
 
-from orbit_tasks.archive import job_store, plan_store, source
+from orbit_tasks.archive.engine.verify import export_roots, verify_job_dir
+from orbit_tasks.archive.engine.volume import job_dir, write_identity
 from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import plans as plan_store
+from orbit_tasks.archive.store import source
 from orbit_tasks.archive.tick import TickReport, run_tick
-from orbit_tasks.archive.verify import export_roots, verify_job_dir
-from orbit_tasks.archive.volume import job_dir, write_identity
 from orbit_tasks.archive.wakeups import make_publisher
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
@@ -295,7 +297,7 @@ def wait_marker(marker: Path, timeout: float = 30) -> int:
 
 
 def expectation(ae: ArchiveEnv, job: Job) -> Any:
-    from orbit_tasks.archive.expectation import ChainExpectation
+    from orbit_tasks.archive.format.expectation import ChainExpectation
 
     with ae.engine.connect() as conn:
         rng = job_store.job_range(conn, job)

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select, text
 
-from orbit_tasks.archive import job_store, runner, source
+from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import source
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.integration.archive_jobs_support import (
     archive_env,
@@ -292,7 +294,7 @@ def _seed_in_next_range(
 def test_worker_archive_verifies_volumes_before_starting(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path
 ) -> None:
-    from orbit_tasks.archive.volume import write_identity
+    from orbit_tasks.archive.engine.volume import write_identity
     from orbit_tasks.ids import new_id
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:

@@ -18,9 +18,9 @@ import pytest
 import redis
 from sqlalchemy import Engine, insert, select
 
-from orbit_tasks.archive.file_names import parse_name, tail_name
+from orbit_tasks.archive.engine.volume import job_dir, write_identity
+from orbit_tasks.archive.format.names import parse_name, tail_name
 from orbit_tasks.archive.jobs import Job, JobState
-from orbit_tasks.archive.volume import job_dir, write_identity
 from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
@@ -77,7 +77,7 @@ def _confirmed(snapshot: dict[str, bytes], job: Job) -> dict[str, bytes]:
         names[name] = snapshot[name]
         if seq == 0:
             return names
-        from orbit_tasks.archive.fileformat import decode_batch
+        from orbit_tasks.archive.format.batch import decode_batch
 
         sha = decode_batch(snapshot[name]).header["prev_sha256"]
         seq -= 1
@@ -377,7 +377,7 @@ def test_disk_full_on_a_small_tmpfs(ae: ArchiveEnv, tmpfs_volume: Path) -> None:
 
 
 def _run(ae: ArchiveEnv, job: Job, vol: Path, sid: bytes, **overrides: Any) -> str:
-    from orbit_tasks.archive import runner
+    from orbit_tasks.archive.engine import runner
 
     settings = ae.settings.with_overrides(**overrides) if overrides else ae.settings
     return runner.run_job(
@@ -424,7 +424,7 @@ def test_big_batch_is_halved_and_a_too_large_root_fails_until_the_budget_grows(
     assert all(len(d) <= 512 * 1024 for d in file_snapshot(vol, done).values())
     assert_succeeded_exactly(ae, done, vol)
 
-    from orbit_tasks.archive import job_store
+    from orbit_tasks.archive.store import jobs as job_store
     from tests.integration.archive_jobs_support import make_due
 
     with ae.engine.connect() as conn:
@@ -497,7 +497,7 @@ def test_lock_wait_timeout_is_transient_not_a_failure(ae: ArchiveEnv) -> None:
                 .where(archive_jobs.c.namespace_id == ns, archive_jobs.c.id == job.id)
                 .with_for_update()
             )
-            from orbit_tasks.archive import runner
+            from orbit_tasks.archive.engine import runner
 
             out = runner.run_job(
                 ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=impatient
@@ -518,7 +518,7 @@ def test_abandon_of_running_only_after_the_lease_expired(ae: ArchiveEnv) -> None
     """Through the CLI (the database clock): a lease an hour from its end is live; a lease that
     ended an hour ago (a claim written with a clock in the past) has expired. The exact
     microsecond boundary is in test_job_store_contract.py."""
-    from orbit_tasks.archive import job_store
+    from orbit_tasks.archive.store import jobs as job_store
 
     ns, _, _, _ = _setup(ae, "abrun", roots=3)
     job = create_job(ae, ns, "tasks")
@@ -537,7 +537,7 @@ def _dead_claim(ae: ArchiveEnv, ns: bytes, job_id: bytes) -> Any:
     gone (what a 1 s lease and a sleep used to stand for, without depending on the load)."""
     from datetime import timedelta
 
-    from orbit_tasks.archive import job_store
+    from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.db.engine import FixedClock
 
     with ae.engine.connect() as conn:
@@ -605,7 +605,7 @@ def test_database_connections_killed_mid_run(ae: ArchiveEnv) -> None:
 def test_stale_claim_resuming_after_a_takeover_deletes_no_confirmed_file(ae: ArchiveEnv) -> None:
     """A worker whose lease expired while it was paused (right after its claim) resumes after the
     new owner finished the job: it must notice the lost lease before removing "leftovers"."""
-    from orbit_tasks.archive import runner
+    from orbit_tasks.archive.engine import runner
 
     ns, _, vol, sid = _setup(ae, "zombie", roots=10)
     job = create_job(ae, ns, "tasks")
@@ -673,9 +673,11 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     """SPEC §5 step 6 race: the stale claim writes file N after the new owner's cleanup; the owner
     then finds N already there with identical bytes and confirms it. The stale writer's removal
     (its confirm was rejected) must not delete the file the owner is confirming."""
-    from orbit_tasks.archive import file_names, job_store, leftovers, runner
-    from orbit_tasks.archive import fileformat as ff
-    from orbit_tasks.archive.volume import store_job_file
+    from orbit_tasks.archive.engine import leftovers, runner
+    from orbit_tasks.archive.engine.volume import store_job_file
+    from orbit_tasks.archive.format import batch as ff
+    from orbit_tasks.archive.format import names as file_names
+    from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.errors import LeaseLost
 
     ns, _, vol, sid = _setup(ae, "adopted", roots=5)

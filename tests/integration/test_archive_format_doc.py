@@ -9,8 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.integration.restore_support import FIXTURE, fixture_rows
 from tests.unit.archive_chain_helpers import UNTIL, build_chain, manifest

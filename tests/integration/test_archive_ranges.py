@@ -21,13 +21,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from orbit_tasks.archive import job_store, plan_store, runner
-from orbit_tasks.archive.expectation import ChainExpectation
-from orbit_tasks.archive.fileformat import format_ts
+from orbit_tasks.archive.engine import runner
+from orbit_tasks.archive.engine.verify import export_roots
+from orbit_tasks.archive.engine.volume import job_dir
+from orbit_tasks.archive.format.batch import format_ts
+from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.archive.verify import export_roots
-from orbit_tasks.archive.volume import job_dir
 from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.platform import generator, store
 from orbit_tasks.platform.history import HISTORY_KINDS

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity
+from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.platform_tables import archive_storages
 from tests.cli_support import ORBIT, REPO, assert_one_line_error, orbit_env, run_orbit

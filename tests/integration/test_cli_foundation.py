@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import (

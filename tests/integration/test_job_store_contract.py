@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from orbit_tasks.archive import job_store, runner
+from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobState
+from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.db.engine import DB_CLOCK, FixedClock, db_now, make_engine
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans

@@ -18,7 +18,8 @@ from celery import Celery
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, insert, select, text, update
 
-from orbit_tasks.archive import plan_store, schedule
+from orbit_tasks.archive import plans as schedule
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import run_tick
 from orbit_tasks.archive.wakeups import Publisher, make_publisher, queue_name
 from orbit_tasks.db.engine import db_now

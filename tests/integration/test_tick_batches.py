@@ -14,7 +14,8 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, delete, event, func, select, text, update
 
-from orbit_tasks.archive import plan_store, tick
+from orbit_tasks.archive import tick
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import Publisher, make_publisher
 from orbit_tasks.db.engine import db_now, make_engine

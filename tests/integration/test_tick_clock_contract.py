@@ -18,7 +18,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, delete, insert, select, update
 
-from orbit_tasks.archive import plan_store
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import Publisher, queue_name
 from orbit_tasks.db.engine import make_engine

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import volume as vol
+from orbit_tasks.archive.engine import volume as vol
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.failpoints import ENV as FAILPOINTS
 from orbit_tasks.ids import new_id

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import volume as vol
-from orbit_tasks.archive.expectation import ChainExpectation
-from orbit_tasks.archive.verify import (
+from orbit_tasks.archive.engine import volume as vol
+from orbit_tasks.archive.engine.verify import (
     ChainInvalid,
     export_roots,
     verify_job_dir,
     verify_job_prefix,
 )
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format.expectation import ChainExpectation
 from tests.fs_support import small_tmpfs as mount_small_tmpfs
 from tests.unit.archive_chain_helpers import JOB, NS, Chain, build_chain, rid, with_expect
 

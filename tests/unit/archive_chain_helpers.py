@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive.expectation import ChainExpectation
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.platform.history import HISTORY_KINDS
 
 NS = bytes.fromhex("0190f0aa000070008000000000000001")

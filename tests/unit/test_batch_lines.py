@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive.batch_lines import LineEncoder
-from orbit_tasks.archive.source import line_encoder
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format.lines import LineEncoder
+from orbit_tasks.archive.store.source import line_encoder
 from orbit_tasks.platform import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
 

@@ -11,11 +11,11 @@ from decimal import Decimal
 
 import pytest
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive.chain import verify_chain, verify_prefix
-from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
-from orbit_tasks.archive.gzip_member import gzip_member
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format.chain import verify_chain, verify_prefix
+from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive.format.gzip_member import gzip_member
 from tests.unit.archive_chain_helpers import (
     JOB,
     NS,

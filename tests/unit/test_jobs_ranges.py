@@ -182,7 +182,7 @@ def test_failpoints_inert_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_parse_volumes_env() -> None:
     from pathlib import Path
 
-    from orbit_tasks.archive.runner import parse_volumes
+    from orbit_tasks.archive.engine.runner import parse_volumes
 
     hex_id = "0123456789abcdef0123456789ABCDEF"
     assert parse_volumes(None) == {}

@@ -14,11 +14,11 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.dialects.mysql.mariadb import MariaDBDialect
 from sqlalchemy.schema import CreateTable
 
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import restore_rows
-from orbit_tasks.archive import table_schema as ts
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import tables as ts
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.restore import Window, uncovered
+from orbit_tasks.archive.restore import rows as restore_rows
+from orbit_tasks.archive.restore.run import Window, uncovered
 from orbit_tasks.db.types import Bool, Id16
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.platform.history import HISTORY_KINDS

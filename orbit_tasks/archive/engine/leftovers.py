@@ -1,7 +1,7 @@
 """Leftovers in a job directory (SPEC §5 steps 2, 5 and 6): listing it, removing the files of
 dead claims under a live lease, and a stale writer's own file.
 
-Which names are leftovers is decided by :mod:`orbit_tasks.archive.claim_rules` (pure); this
+Which names are leftovers is decided by :mod:`orbit_tasks.archive.claims` (pure); this
 module does the I/O. OS errors become ``JobFailure(IO_ERROR)``, never a raw exception with a
 path in it.
 """
@@ -15,10 +15,12 @@ from pathlib import Path
 
 from sqlalchemy import Connection
 
-from orbit_tasks.archive import claim_rules, file_names, verify
-from orbit_tasks.archive import job_store as store
+from orbit_tasks.archive import claims
+from orbit_tasks.archive.engine import verify
+from orbit_tasks.archive.engine.volume import StoredFile, fsync_dir, remove_file_if_unconfirmed
+from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.jobs import ErrorCode, JobFailure
-from orbit_tasks.archive.volume import StoredFile, fsync_dir, remove_file_if_unconfirmed
+from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.db.engine import Clock
 from orbit_tasks.logs import log_action
 
@@ -61,7 +63,7 @@ def remove_unless_confirmed(
     is confirmed.
 
     Only a file this claim created is removed, and only its own inode (the new owner may have
-    re-written the same name meanwhile); what to do is :func:`claim_rules.unconfirmed_file_fate`
+    re-written the same name meanwhile); what to do is :func:`claims.unconfirmed_file_fate`
     of the job row as it is now. Never raises: the owner's final step removes what stays."""
     if not stored.created:
         return  # the name existed already with identical bytes: not ours to remove
@@ -70,11 +72,11 @@ def remove_unless_confirmed(
             now_job = store.get_job(conn, c.job.namespace_id, c.job.id)
         parsed = file_names.parse_name(name)
         assert parsed is not None
-        fate = claim_rules.unconfirmed_file_fate(parsed.seq, now_job)
-        if fate is claim_rules.Fate.LEAVE:
+        fate = claims.unconfirmed_file_fate(parsed.seq, now_job)
+        if fate is claims.Fate.LEAVE:
             return
         confirmed: set[str] = set()
-        if fate is claim_rules.Fate.REMOVE_IF_NOT_ON_CHAIN:
+        if fate is claims.Fate.REMOVE_IF_NOT_ON_CHAIN:
             assert now_job is not None
             on_chain = verify.confirmed_name_at(
                 directory, now_job.batches, now_job.last_sha256, parsed.seq

@@ -2,7 +2,7 @@
 
 While the runner writes batch *n* durably and confirms it, two threads prepare the files after
 it: a *reader* (its own connection for the whole chain) asks for several batches' roots per
-keyset query (:func:`claim_rules.read_ahead_roots`) and encodes them into canonical lines; a
+keyset query (:func:`claims.read_ahead_roots`) and encodes them into canonical lines; a
 *packer* cuts the lines into files of ``batch_size`` roots (halved to fit the per-file cap),
 gzips and hashes them. Reading, gzip, hashing, ``fsync`` and the database round trips release
 the GIL, so the stages overlap. The threads write nothing: not to the database, not to the
@@ -28,11 +28,13 @@ from typing import Any
 from sqlalchemy import Engine
 
 from orbit_tasks import failpoints
-from orbit_tasks.archive import claim_rules, file_names, source
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive.batch_lines import Key, LineEncoder
+from orbit_tasks.archive import claims
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format.lines import Key, LineEncoder
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.store import source
 from orbit_tasks.logs import log_action
 
 log = logging.getLogger("orbit.archive.readahead")
@@ -191,7 +193,7 @@ class ReadAhead:
         encoded_bytes = encoded_roots = 0
         with self._engine.connect() as conn:
             while not self._stop.is_set():
-                limit = claim_rules.read_ahead_roots(job.batch_size, encoded_bytes, encoded_roots)
+                limit = claims.read_ahead_roots(job.batch_size, encoded_bytes, encoded_roots)
                 with conn.begin():  # short: SQLite's BEGIN IMMEDIATE must not linger
                     chunk = source.read_chunk(
                         conn, job.kind, job.namespace_id, self._rng, cursor, limit
@@ -224,7 +226,7 @@ class ReadAhead:
             take = min(job.batch_size, len(pending))
             batch = [pending[i] for i in range(take)]
             final = not has_more and take == len(pending)
-            data, roots, final = claim_rules.fit_to_cap(
+            data, roots, final = claims.fit_to_cap(
                 _builder(job, seq, prev, batch), take, final, self._cap
             )
             for _ in range(roots):

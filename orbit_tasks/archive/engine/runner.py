@@ -35,10 +35,21 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine
 
 from orbit_tasks import failpoints
-from orbit_tasks.archive import claim_rules, file_names, leftovers, source, verify
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import job_store as store
-from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive import claims as claim_rules
+from orbit_tasks.archive.engine import leftovers, verify
+from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
+from orbit_tasks.archive.engine.volume import (
+    IDENTITY_FILE,
+    ArchiveIOError,
+    DiskFull,
+    StoredFile,
+    job_dir,
+    read_identity,
+    store_job_file,
+)
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
@@ -48,16 +59,8 @@ from orbit_tasks.archive.jobs import (
     over_budget,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
-from orbit_tasks.archive.volume import (
-    IDENTITY_FILE,
-    ArchiveIOError,
-    DiskFull,
-    StoredFile,
-    job_dir,
-    read_identity,
-    store_job_file,
-)
+from orbit_tasks.archive.store import jobs as store
+from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import Publisher
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import driver_code, is_transient_db

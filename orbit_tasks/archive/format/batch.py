@@ -2,7 +2,7 @@
 encode, decode, verify. Pure: bytes in, bytes out, no I/O, no clock.
 
 New jobs write ``orbit-archive/2`` manifests, whose ``source`` also describes every table
-(:mod:`orbit_tasks.archive.table_schema`); batch files are the same in both formats (their
+(:mod:`orbit_tasks.archive.format.tables`); batch files are the same in both formats (their
 header still says ``orbit-archive/1``). Readers accept both manifest formats.
 
 Files of one job (``<volume>/<namespace_hex>/<job_hex>/``):
@@ -23,14 +23,14 @@ Decisions (document-worthy):
   aware is converted); str -> itself (JSON columns stay the stored text, numbers stay exact);
   bool -> true/false; int -> integer; None -> null. float, Decimal and anything else raise
   :class:`SourceInvalid` (no DECIMAL/FLOAT columns exist; a float would lose exactness).
-* Gzip members have one shape (:mod:`orbit_tasks.archive.gzip_member`).
+* Gzip members have one shape (:mod:`orbit_tasks.archive.format.gzip_member`).
 * Line splitting uses ``\\n`` only (never ``str.splitlines``, which would also split on
   U+2028, U+001C...). ``json.dumps`` escapes newlines inside strings, so ``\\n`` ends a line.
 * An empty batch is never built (:func:`build_batch` raises ``ValueError``); an empty range is a
   manifest with ``roots_total`` 0 and no batches.
 
-Chain verification is :mod:`orbit_tasks.archive.chain` (:func:`verify_chain`,
-:func:`verify_prefix`) against a :class:`~orbit_tasks.archive.expectation.ChainExpectation`.
+Chain verification is :mod:`orbit_tasks.archive.format.chain` (:func:`verify_chain`,
+:func:`verify_prefix`) against a :class:`~orbit_tasks.archive.format.expectation.ChainExpectation`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from orbit_tasks.archive.file_names import HEX64, MAX_SEQ, batch_name, check_sha
-from orbit_tasks.archive.gzip_member import GzipRefused, gunzip_member, gzip_member
+from orbit_tasks.archive.format.gzip_member import GzipRefused, gunzip_member, gzip_member
+from orbit_tasks.archive.format.names import HEX64, MAX_SEQ, batch_name, check_sha
 from orbit_tasks.errors import OrbitError
 
 if TYPE_CHECKING:
@@ -168,8 +168,8 @@ def _int(value: Any, what: str, low: int) -> int:
 def source_descriptor(kind: HistoryKind) -> dict[str, Any]:
     """The ``orbit-archive/2`` manifest ``source`` of a history kind: tables, settled and parent
     columns, and each table's columns (type, nullability, encoding) and primary key, derived
-    from the table objects (:mod:`orbit_tasks.archive.table_schema`)."""
-    from orbit_tasks.archive.table_schema import describe_table
+    from the table objects (:mod:`orbit_tasks.archive.format.tables`)."""
+    from orbit_tasks.archive.format.tables import describe_table
 
     return {
         "table": kind.root.name,
@@ -290,7 +290,7 @@ def decode_manifest(data: bytes) -> dict[str, Any]:
     _need(_is_ts(doc["created_at"]), "manifest created_at bad")
     src = doc["source"]
     if doc["format"] == FORMAT_2:
-        from orbit_tasks.archive.table_schema import parse_source
+        from orbit_tasks.archive.format.tables import parse_source
 
         parse_source(src)
         return doc
@@ -397,7 +397,7 @@ def build_batch_file(
     final: bool,
 ) -> bytes:
     """Batch file bytes from canonical root lines already encoded (by :func:`build_batch` or
-    :class:`orbit_tasks.archive.batch_lines.LineEncoder`), in (settled, id) order, with the
+    :class:`orbit_tasks.archive.format.lines.LineEncoder`), in (settled, id) order, with the
     keys of the first and last root. The header is built here; gzip as described above."""
     if not lines:
         raise ValueError("a batch needs at least one root (empty ranges have no batches)")

@@ -1,6 +1,6 @@
 """Pure verification of an ``orbit-archive/1`` chain against its job row (SPEC §5 step 2/5, §6).
 
-Use it through :mod:`orbit_tasks.archive.fileformat` (``verify_chain``, ``verify_prefix``,
+Use it through :mod:`orbit_tasks.archive.format.batch` (``verify_chain``, ``verify_prefix``,
 ``ChainExpectation``, ``VerifyReport``); file contents may be bytes or zero-argument loaders.
 
 Verification API:
@@ -26,9 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
-from orbit_tasks.archive.file_names import ParsedName, parse_name, tail_name
-from orbit_tasks.archive.fileformat import (
+from orbit_tasks.archive.format.batch import (
     FormatError,
     batch_cursor,
     batch_header,
@@ -37,6 +35,8 @@ from orbit_tasks.archive.fileformat import (
     format_ts,
     sha256_hex,
 )
+from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive.format.names import ParsedName, parse_name, tail_name
 
 
 class _Bad(Exception):

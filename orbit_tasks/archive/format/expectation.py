@@ -1,8 +1,8 @@
 """What a job row expects of its chain, and what a verification found (SPEC §5 steps 2 and 5).
 
-Values only: :mod:`orbit_tasks.archive.chain` checks files against a :class:`ChainExpectation` and
-answers a :class:`VerifyReport`; the runner, ``orbit job verify|export|restore`` and the tests
-build them.
+Values only: :mod:`orbit_tasks.archive.format.chain` checks files against a
+:class:`ChainExpectation` and answers a :class:`VerifyReport`; the runner,
+``orbit job verify|export|restore`` and the tests build them.
 """
 
 from __future__ import annotations

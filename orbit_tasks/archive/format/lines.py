@@ -7,7 +7,7 @@ every object built in sorted key order so the encoder need not sort -- so a file
 spelling whichever path built it (the unit tests compare both on every history kind, and every
 decoder re-checks canonical form). What is saved is the per-value work in Python: on
 MySQL/MariaDB the server already spells binary columns as lowercase hex and datetimes as
-``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (:mod:`orbit_tasks.archive.source`), so a row holds only
+``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (:mod:`orbit_tasks.archive.store.source`), so a row holds only
 ``str``, ``int`` and ``None`` and goes to the C encoder as it is. Rows with other values (SQLite's
 ``bytes`` and ``datetime``) are converted value by value by the format's rules
 (:func:`fileformat.encode_value`), which raise :class:`SourceInvalid` for values that cannot be
@@ -23,7 +23,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from orbit_tasks.archive.fileformat import SourceInvalid, encode_value, format_ts
+from orbit_tasks.archive.format.batch import SourceInvalid, encode_value, format_ts
 
 Key = tuple[str, str]  # (settled as YYYY-MM-DDTHH:MM:SS.ffffffZ, id hex): a root's order key
 Rows = Sequence[Sequence[Any]]

@@ -45,7 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeEngine
 
-from orbit_tasks.archive.fileformat import FormatError, parse_ts
+from orbit_tasks.archive.format.batch import FormatError, parse_ts
 
 MYSQL = ("mysql", "mariadb")
 TEXT_BYTES = {"TINYTEXT": 255, "TEXT": 65_535, "MEDIUMTEXT": 16_777_215, "LONGTEXT": 4_294_967_295}
@@ -306,7 +306,7 @@ def _registry_schema(kind_name: str, src: Mapping[str, Any]) -> SourceSchema:
 
 def schema_of(manifest: Mapping[str, Any]) -> SourceSchema:
     """The source schema of a decoded manifest (format 1 or 2)."""
-    from orbit_tasks.archive.fileformat import FORMAT_1
+    from orbit_tasks.archive.format.batch import FORMAT_1
 
     if manifest["format"] == FORMAT_1:
         return _registry_schema(manifest["kind"], manifest["source"])

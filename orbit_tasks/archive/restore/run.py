@@ -29,10 +29,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import IntegrityError
 
-from orbit_tasks.archive import job_store
-from orbit_tasks.archive import restore_store as store
-from orbit_tasks.archive.file_names import parse_name
-from orbit_tasks.archive.fileformat import (
+from orbit_tasks.archive.engine.verify import ChainInvalid, verify_job_dir
+from orbit_tasks.archive.engine.volume import job_dir, list_names, read_file
+from orbit_tasks.archive.format.batch import (
     DecodedBatch,
     FormatError,
     decode_batch,
@@ -40,16 +39,22 @@ from orbit_tasks.archive.fileformat import (
     format_ts,
     sha256_hex,
 )
-from orbit_tasks.archive.jobs import Job, JobFailure, JobState
-from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.restore_rows import decode_row, differing_columns, key_json, primary_key_of
-from orbit_tasks.archive.table_schema import (
+from orbit_tasks.archive.format.names import parse_name
+from orbit_tasks.archive.format.tables import (
     SourceSchema,
     TableSpec,
     schema_of,
 )
-from orbit_tasks.archive.verify import ChainInvalid, verify_job_dir
-from orbit_tasks.archive.volume import job_dir, list_names, read_file
+from orbit_tasks.archive.jobs import Job, JobFailure, JobState
+from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.restore import store
+from orbit_tasks.archive.restore.rows import (
+    decode_row,
+    differing_columns,
+    key_json,
+    primary_key_of,
+)
+from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.errors import IllegalState, InvalidInput, OrbitError
 
 WRITE_TRIES = 3  # a concurrent writer inserting the same key between our read and our insert

@@ -13,13 +13,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, MetaData, Table, and_, event, inspect, or_, select, text
 
-from orbit_tasks.archive.jobs import Job, JobState
-from orbit_tasks.archive.restore_rows import check_columns, primary_key_at
-from orbit_tasks.archive.table_schema import (
+from orbit_tasks.archive.format.tables import (
     SourceSchema,
     TableSpec,
     sqlalchemy_table,
 )
+from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.restore.rows import check_columns, primary_key_at
 from orbit_tasks.db.engine import is_mysql
 from orbit_tasks.db.platform_tables import archive_jobs as J
 from orbit_tasks.errors import ConflictError

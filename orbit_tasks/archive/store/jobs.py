@@ -528,7 +528,7 @@ def policy_seconds(
 
 
 def chain_expectation(job: Job, *, complete: bool) -> Any:
-    from orbit_tasks.archive.expectation import ChainExpectation
+    from orbit_tasks.archive.format.expectation import ChainExpectation
 
     return ChainExpectation(
         namespace_id=job.namespace_id,

@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from orbit_tasks.archive import schedule
+from orbit_tasks.archive import plans
 from orbit_tasks.db.platform_tables import (
     archive_jobs,
     archive_plans,
@@ -168,7 +168,7 @@ def set_plan(
     change to identical values writes nothing. Raises InvalidInput / NotFound / IllegalState /
     StaleRevision before anything is written.
     """
-    schedule.validate_kind(kind)
+    plans.validate_kind(kind)
     if expect_revision is not None and expect_revision < 0:
         raise InvalidInput(
             f"--expect-revision {expect_revision} is out of range (allowed 0 or more)"
@@ -206,8 +206,8 @@ def set_plan(
         merged = {k: getattr(current, k) if v is None else v for k, v in given.items()}
         new_enabled = current.enabled if enabled is None else enabled
 
-    config = schedule.validate_config(
-        schedule.PlanConfig(
+    config = plans.validate_config(
+        plans.PlanConfig(
             kind=kind,
             interval_seconds=merged["interval_seconds"],
             batch_size=merged["batch_size"],
@@ -238,7 +238,7 @@ def set_plan(
         batch_size=config.batch_size,
         max_bytes=config.max_bytes,
     )
-    next_run = schedule.next_run_on_change(
+    next_run = plans.next_run_on_change(
         None if current is None else current.enabled,
         new_enabled,
         None if current is None else current.next_run_at,

@@ -5,7 +5,7 @@ several batches' roots at once (a *chunk*), then every child row of those roots 
 Nothing here ever modifies a source row.
 
 Rows come back as tuples in the table's column order, ready for
-:class:`~orbit_tasks.archive.batch_lines.LineEncoder`. On MySQL/MariaDB the server spells values
+:class:`~orbit_tasks.archive.format.lines.LineEncoder`. On MySQL/MariaDB the server spells values
 exactly as the archive format does (SPEC §6): datetime columns as
 ``DATE_FORMAT(col, '%Y-%m-%dT%H:%i:%s.%fZ')`` and binary columns as ``LOWER(HEX(col))``. That
 spares the driver's per-value datetime conversion (half of the fetch time of a history row) and
@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, DateTime, LargeBinary, Table, and_, func, literal, or_, select
 
-from orbit_tasks.archive.batch_lines import LineEncoder
-from orbit_tasks.archive.fileformat import parse_ts
+from orbit_tasks.archive.format.batch import parse_ts
+from orbit_tasks.archive.format.lines import LineEncoder
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.engine import is_mysql
 from orbit_tasks.platform.history import ChildSpec, HistoryKind, history_kind
