@@ -55,8 +55,9 @@ from orbit_tasks.archive.wakeups import make_publisher  # noqa: E402
 from orbit_tasks.db.engine import db_now, make_engine  # noqa: E402
 from orbit_tasks.db.migrate import upgrade  # noqa: E402
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans  # noqa: E402
+from orbit_tasks.dev import generator  # noqa: E402
 from orbit_tasks.ids import new_id  # noqa: E402
-from orbit_tasks.platform import generator, store  # noqa: E402
+from orbit_tasks.platform import store  # noqa: E402
 from orbit_tasks.platform.history import HISTORY_KINDS  # noqa: E402
 from orbit_tasks.settings import load_settings  # noqa: E402
 

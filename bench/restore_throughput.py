@@ -39,8 +39,9 @@ from orbit_tasks.archive.store import jobs as job_store  # noqa: E402
 from orbit_tasks.archive.store import plans as plan_store  # noqa: E402
 from orbit_tasks.archive.tick import run_tick  # noqa: E402
 from orbit_tasks.db.engine import db_now, make_engine  # noqa: E402
+from orbit_tasks.dev import generator  # noqa: E402
 from orbit_tasks.ids import new_id  # noqa: E402
-from orbit_tasks.platform import generator, store  # noqa: E402
+from orbit_tasks.platform import store  # noqa: E402
 from orbit_tasks.settings import load_settings  # noqa: E402
 from tests.dbutil import mariadb_database, migrated_engine  # noqa: E402
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from orbit_tasks.cli.errors import describe_error
+from orbit_tasks.error_lines import describe_error
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.units import parse_duration, parse_size
 
@@ -23,7 +23,7 @@ log = logging.getLogger("orbit.cli")
 
 class OrbitGroup(click.Group):
     """The CLI's error boundary: every exception of a command becomes ONE line on stderr and its
-    exit code (SPEC §9; :func:`orbit_tasks.cli.errors.describe_error`). No traceback reaches an
+    exit code (SPEC §9; :func:`orbit_tasks.error_lines.describe_error`). No traceback reaches an
     operator; with ``ORBIT_LOG_LEVEL=DEBUG`` an unexpected one is logged with its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -19,7 +19,7 @@ import click
 )
 def demo_command(directory: Path) -> None:
     """Run the archive and the outbox sender end to end with no servers."""
-    from orbit_tasks.demo import run_demo
+    from orbit_tasks.dev.demo import run_demo
 
     run_demo(directory)
 

@@ -36,10 +36,10 @@ from orbit_tasks.archive.restore.run import (
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.archive import archive_group
 from orbit_tasks.cli.common import json_option
-from orbit_tasks.cli.errors import describe_operational_error
 from orbit_tasks.cli.job import job_group
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.error_lines import describe_operational_error
 from orbit_tasks.errors import InvalidInput, NotFound, OrbitError
 from orbit_tasks.ids import from_hex
 from orbit_tasks.platform.history import history_kind

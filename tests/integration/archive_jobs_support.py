@@ -29,8 +29,9 @@ from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import make_publisher
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
+from orbit_tasks.dev import generator
 from orbit_tasks.ids import new_id
-from orbit_tasks.platform import generator, store
+from orbit_tasks.platform import store
 from orbit_tasks.settings import Settings, load_settings
 from tests.dbutil import redis_url
 

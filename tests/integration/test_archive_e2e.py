@@ -74,7 +74,8 @@ def test_read_ahead_children_query_walks_the_settled_index_into_the_primary_key(
     from datetime import datetime, timedelta
 
     from orbit_tasks.db.engine import db_now
-    from orbit_tasks.platform import generator, store
+    from orbit_tasks.dev import generator
+    from orbit_tasks.platform import store
 
     with platform_engine.begin() as conn:
         ns = store.create_namespace(conn, "explain-children")
@@ -269,7 +270,7 @@ def _seed_in_next_range(
 
     from sqlalchemy import insert
 
-    from orbit_tasks.platform import generator
+    from orbit_tasks.dev import generator
 
     with ae.engine.connect() as conn:
         prev_until = job_store.job_range(conn, previous).until

@@ -24,7 +24,7 @@ from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
-from orbit_tasks.platform import generator
+from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.fs_support import small_tmpfs
 from tests.integration.archive_jobs_support import (

@@ -31,7 +31,8 @@ from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import run_tick
 from orbit_tasks.db.engine import db_now, make_engine
-from orbit_tasks.platform import generator, store
+from orbit_tasks.dev import generator
+from orbit_tasks.platform import store
 from orbit_tasks.platform.history import HISTORY_KINDS
 from orbit_tasks.settings import Settings, load_settings
 from orbit_tasks.units import parse_duration

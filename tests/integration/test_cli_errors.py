@@ -305,7 +305,7 @@ def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path: Path) -> No
 
 
 def test_demo_directory_of_an_earlier_demo_is_emptied(tmp_path: Path) -> None:
-    from orbit_tasks.demo import DEMO_MARKER, prepare_dir
+    from orbit_tasks.dev.demo import DEMO_MARKER, prepare_dir
 
     fresh = tmp_path / "a" / "demo"
     prepare_dir(fresh)

@@ -25,7 +25,7 @@ from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.history_tables import task_attempts, tasks
 from orbit_tasks.db.migrate import upgrade
-from orbit_tasks.platform import generator
+from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.cli_support import orbit_env, run_orbit
 from tests.dbutil import mariadb_database

@@ -12,7 +12,7 @@ import pytest
 from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format.lines import LineEncoder
 from orbit_tasks.archive.store.source import line_encoder
-from orbit_tasks.platform import generator
+from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
 
 JOB = bytes.fromhex("0190f0aa000070008000000000000002")
