@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from orbit_tasks.archive.engine.volume import read_identity
-from orbit_tasks.archive.format.batch import format_ts
+from orbit_tasks.archive.format.values import format_ts
 from orbit_tasks.archive.restore import run as engine_restore
 from orbit_tasks.archive.restore import store as restore_store
 from orbit_tasks.archive.restore.run import (

@@ -675,8 +675,8 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     (its confirm was rejected) must not delete the file the owner is confirming."""
     from orbit_tasks.archive.engine import leftovers, runner
     from orbit_tasks.archive.engine.volume import store_job_file
-    from orbit_tasks.archive.format import batch as ff
     from orbit_tasks.archive.format import names as file_names
+    from orbit_tasks.archive.format import values as fv
     from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.errors import LeaseLost
 
@@ -692,7 +692,7 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
         with conn.begin():
             rng = job_store.job_range(conn, owner.job)
         data, _ = runner.manifest_file(conn, owner.job, rng)
-    written = SimpleNamespace(name=file_names.manifest_name(ff.sha256_hex(data)), data=data)
+    written = SimpleNamespace(name=file_names.manifest_name(fv.sha256_hex(data)), data=data)
     assert written is not None  # the manifest: identical bytes for both claims
     d = job_dir(vol, ns, job.id)
     mine = store_job_file(d, written.name, written.data)  # the stale claim's late write
@@ -702,13 +702,13 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     with pytest.raises(LeaseLost):
         job_store.confirm(
             ae.engine, stale, is_batch=False, roots=0, size=len(written.data),
-            sha256=ff.sha256_hex(written.data), after="keep", lease_seconds=60,
+            sha256=fv.sha256_hex(written.data), after="keep", lease_seconds=60,
         )  # fmt: skip
     with ae.engine.connect() as conn:
         leftovers.remove_unless_confirmed(conn, stale, d, written.name, mine)
     job_store.confirm(
         ae.engine, owner, is_batch=False, roots=0, size=len(written.data),
-        sha256=ff.sha256_hex(written.data), after="release", lease_seconds=60,
+        sha256=fv.sha256_hex(written.data), after="release", lease_seconds=60,
     )  # fmt: skip
     assert (d / written.name).read_bytes() == written.data  # the confirmed manifest is there
     assert _run(ae, job, vol, sid) == "succeeded"

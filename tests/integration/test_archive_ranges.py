@@ -24,8 +24,8 @@ from sqlalchemy import Engine, insert, select
 from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.engine.verify import export_roots
 from orbit_tasks.archive.engine.volume import job_dir
-from orbit_tasks.archive.format.batch import format_ts
 from orbit_tasks.archive.format.expectation import ChainExpectation
+from orbit_tasks.archive.format.values import format_ts
 from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import plans as plan_store

@@ -363,7 +363,7 @@ def test_restore_queries_use_their_indexes(platform_engine: Engine) -> None:
     q = restore_store.succeeded_jobs_query(ns, "tasks", (t, ns), 500)
     checks = [(q, "ix_archive_job_list")]
     doc = {"format": "orbit-archive/2", "kind": "tasks"}
-    from orbit_tasks.archive.format.batch import source_descriptor
+    from orbit_tasks.archive.format.manifest import source_descriptor
 
     schema = schema_of({**doc, "source": source_descriptor(HISTORY_KINDS["tasks"])})
     with platform_engine.connect() as conn:  # one full batch (batch_size <= 100) of real ids

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orbit_tasks.archive.engine import volume as vol
-from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format import values as fv
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.failpoints import ENV as FAILPOINTS
 from orbit_tasks.ids import new_id
@@ -22,7 +22,7 @@ from tests.fs_support import full_tmpfs, small_tmpfs
 
 def _blob(seq: int, size: int = 100) -> tuple[str, bytes]:
     data = os.urandom(size)
-    return file_names.batch_name(seq, ff.sha256_hex(data)), data
+    return file_names.batch_name(seq, fv.sha256_hex(data)), data
 
 
 def _tree(root: Path) -> list[str]:

@@ -8,7 +8,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import manifest as fm
 from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.platform.history import HISTORY_KINDS
 
@@ -83,11 +85,11 @@ def manifest(**over: Any) -> bytes:
         "range_from": None,
         "range_until": UNTIL,
         "roots_total": 5,
-        "source": ff.source_descriptor(KIND),
+        "source": fm.source_descriptor(KIND),
         "created_at": T0,
     }
     args.update(over)
-    return ff.build_manifest(**args)
+    return fm.build_manifest(**args)
 
 
 def build_chain(
@@ -105,7 +107,7 @@ def build_chain(
         groups = [[record(1), record(2)], [record(3), record(4)], [record(5)]]
     manifest_over.setdefault("roots_total", sum(len(g) for g in groups))
     man = manifest(**manifest_over)
-    link = ff.sha256_hex(man)
+    link = fv.sha256_hex(man)
     files = [(file_names.manifest_name(link), man)]
     for j, recs in enumerate(groups):
         data = ff.build_batch(
@@ -116,7 +118,7 @@ def build_chain(
             settled_column="finished_at",
             final=finals[j] if finals else j == len(groups) - 1,
         )
-        link = ff.sha256_hex(data)
+        link = fv.sha256_hex(data)
         files.append((file_names.batch_name(j + 1, link), data))
     expect = ChainExpectation(
         namespace_id=NS,

@@ -31,6 +31,7 @@ from orbit_tasks import failpoints
 from orbit_tasks.archive import claims
 from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.lines import Key, LineEncoder
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
@@ -231,7 +232,7 @@ class ReadAhead:
             )
             for _ in range(roots):
                 pending.popleft()
-            sha = ff.sha256_hex(data)
+            sha = fv.sha256_hex(data)
             prepared = PreparedBatch(
                 seq, prev, file_names.batch_name(seq, sha), data, sha, roots, final
             )
@@ -267,12 +268,12 @@ def _encode(
         for root in chunk.roots:
             key = encoder.key(root)
             if last is not None and key <= last:
-                raise ff.SourceInvalid("roots are not in strictly increasing (settled, id) order")
+                raise fv.SourceInvalid("roots are not in strictly increasing (settled, id) order")
             rid = encoder.root_id(root)
             kids = {table: rows.get(rid, ()) for table, rows in chunk.children.items()}
             out.append((key, encoder.line(root, kids)))
             last = key
-    except ff.SourceInvalid as exc:
+    except fv.SourceInvalid as exc:
         log_action(log, "archive.job.source_invalid", logging.WARNING, reason=str(exc))
         raise JobFailure(ErrorCode.SOURCE_INVALID) from None
     return out

@@ -47,8 +47,9 @@ from orbit_tasks.archive.engine.volume import (
     read_identity,
     store_job_file,
 )
-from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import manifest as fm
 from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.jobs import (
     ErrorCode,
@@ -238,7 +239,7 @@ def _claims(ch: _Chain) -> str:
         _verify_prefix(ch)  # step 2
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
             data, total = manifest_file(ch.conn, ch.claim.job, ch.rng)
-            sha = ff.sha256_hex(data)
+            sha = fv.sha256_hex(data)
             manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
             stored = store_job_file(ch.directory, manifest.name, manifest.data)
@@ -249,7 +250,7 @@ def _claims(ch: _Chain) -> str:
         if ch.tail_final:
             return _finish(ch)
         return _batches(ch)
-    except ff.SourceInvalid:
+    except fv.SourceInvalid:
         raise JobFailure(ErrorCode.SOURCE_INVALID) from None
     except DiskFull:
         raise JobFailure(ErrorCode.DISK_FULL) from None
@@ -384,7 +385,7 @@ def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes,
     """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total``."""
     with conn.begin():
         total = source.count_roots(conn, job.kind, job.namespace_id, rng)
-    data = ff.build_manifest(
+    data = fm.build_manifest(
         namespace_id=job.namespace_id,
         job_id=job.id,
         kind=job.kind,
@@ -395,7 +396,7 @@ def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes,
         range_from=rng.from_,
         range_until=rng.until,
         roots_total=total,
-        source=ff.source_descriptor(history_kind(job.kind)),
+        source=fm.source_descriptor(history_kind(job.kind)),
         created_at=job.created_at,
     )
     return data, total

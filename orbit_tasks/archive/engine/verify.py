@@ -29,15 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from orbit_tasks.archive.engine.volume import list_names, read_file
-from orbit_tasks.archive.format.batch import (
-    FormatError,
-    batch_header,
-    decode_batch,
-    sha256_hex,
-)
+from orbit_tasks.archive.format.batch import batch_header, decode_batch
 from orbit_tasks.archive.format.chain import verify_chain, verify_prefix
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.names import parse_name, tail_name
+from orbit_tasks.archive.format.values import FormatError, sha256_hex
 from orbit_tasks.errors import OrbitError
 
 

@@ -26,17 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orbit_tasks.archive.format.batch import (
-    FormatError,
-    batch_cursor,
-    batch_header,
-    decode_batch,
-    decode_manifest,
-    format_ts,
-    sha256_hex,
-)
+from orbit_tasks.archive.format.batch import batch_cursor, batch_header, decode_batch
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive.format.manifest import decode_manifest
 from orbit_tasks.archive.format.names import ParsedName, parse_name, tail_name
+from orbit_tasks.archive.format.values import FormatError, format_ts, sha256_hex
 
 
 class _Bad(Exception):

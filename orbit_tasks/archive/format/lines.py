@@ -23,7 +23,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from orbit_tasks.archive.format.batch import SourceInvalid, encode_value, format_ts
+from orbit_tasks.archive.format.values import SourceInvalid, encode_value, format_ts
 
 Key = tuple[str, str]  # (settled as YYYY-MM-DDTHH:MM:SS.ffffffZ, id hex): a root's order key
 Rows = Sequence[Sequence[Any]]

@@ -45,7 +45,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeEngine
 
-from orbit_tasks.archive.format.batch import FormatError, parse_ts
+from orbit_tasks.archive.format.values import FORMAT_1, FormatError, parse_ts
+from orbit_tasks.errors import InvalidInput
+from orbit_tasks.platform.history import history_kind
 
 MYSQL = ("mysql", "mariadb")
 TEXT_BYTES = {"TINYTEXT": 255, "TEXT": 65_535, "MEDIUMTEXT": 16_777_215, "LONGTEXT": 4_294_967_295}
@@ -277,9 +279,6 @@ def parse_source(src: Any) -> SourceSchema:
 def _registry_schema(kind_name: str, src: Mapping[str, Any]) -> SourceSchema:
     """An ``orbit-archive/1`` manifest names tables only: today's table modules describe them,
     and only if they are the same tables (each row's columns are checked when decoded)."""
-    from orbit_tasks.errors import InvalidInput
-    from orbit_tasks.platform.history import history_kind
-
     try:
         kind = history_kind(kind_name)
     except InvalidInput:
@@ -306,8 +305,6 @@ def _registry_schema(kind_name: str, src: Mapping[str, Any]) -> SourceSchema:
 
 def schema_of(manifest: Mapping[str, Any]) -> SourceSchema:
     """The source schema of a decoded manifest (format 1 or 2)."""
-    from orbit_tasks.archive.format.batch import FORMAT_1
-
     if manifest["format"] == FORMAT_1:
         return _registry_schema(manifest["kind"], manifest["source"])
     return parse_source(manifest["source"])

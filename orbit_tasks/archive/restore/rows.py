@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from orbit_tasks.archive.format.batch import FormatError, format_ts
 from orbit_tasks.archive.format.tables import TableSpec
+from orbit_tasks.archive.format.values import FormatError, format_ts
 
 
 def decode_row(spec: TableSpec, row: Mapping[str, Any]) -> dict[str, Any]:

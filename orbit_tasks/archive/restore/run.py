@@ -31,20 +31,15 @@ from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.archive.engine.verify import ChainInvalid, verify_job_dir
 from orbit_tasks.archive.engine.volume import job_dir, list_names, read_file
-from orbit_tasks.archive.format.batch import (
-    DecodedBatch,
-    FormatError,
-    decode_batch,
-    decode_manifest,
-    format_ts,
-    sha256_hex,
-)
+from orbit_tasks.archive.format.batch import DecodedBatch, decode_batch
+from orbit_tasks.archive.format.manifest import decode_manifest
 from orbit_tasks.archive.format.names import parse_name
 from orbit_tasks.archive.format.tables import (
     SourceSchema,
     TableSpec,
     schema_of,
 )
+from orbit_tasks.archive.format.values import FormatError, format_ts, sha256_hex
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.restore import store

@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, DateTime, LargeBinary, Table, and_, func, literal, or_, select
 
-from orbit_tasks.archive.format.batch import parse_ts
 from orbit_tasks.archive.format.lines import LineEncoder
+from orbit_tasks.archive.format.values import parse_ts
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.engine import is_mysql
 from orbit_tasks.platform.history import ChildSpec, HistoryKind, history_kind
