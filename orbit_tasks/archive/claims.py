@@ -1,8 +1,11 @@
-"""Pure decisions of one archive claim (SPEC §5), beside the chain verifier in ``chain.py``.
+"""Pure decisions of one archive claim (SPEC §5): every claim rule, beside the chain verifier in
+``format/chain.py``.
 
 No I/O, no clock: the runner reads the directory, the job row and the verifier's report, and
 these functions decide what they mean.
 
+* :func:`is_stalled` -- the stall guard of a takeover.
+* :func:`over_budget`, :func:`file_cap` -- the byte budget of a job and the per-file cap.
 * :func:`stray_names` -- which listed names a claim removes as leftovers of dead claims.
 * :func:`source_changed` -- the ``SOURCE_CHANGED`` rule of the final step.
 * :func:`fit_to_cap` -- halve a batch (by root count) until its file fits the per-file cap.
@@ -16,16 +19,40 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 
-from orbit_tasks.archive.engine.volume import TMP_PREFIX
 from orbit_tasks.archive.format.expectation import VerifyReport
-from orbit_tasks.archive.format.names import parse_name
+from orbit_tasks.archive.format.names import TMP_PREFIX, parse_name
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
+
+#: Per-file cap: one archive file (manifest or batch) may take at most a quarter of the job's
+#: budget, and never more than 64 MiB: ``file_cap(max_bytes) = min(MAX_FILE_BYTES, max_bytes // 4)``
+#: (256 KiB at the 1 MiB minimum budget). A batch whose file would be larger is halved by root
+#: count until it fits; a single root whose file is still larger fails ``ROOT_TOO_LARGE``. Raising
+#: the budget by ``retry --max-bytes`` raises the cap too.
+MAX_FILE_BYTES = 64 * 1024 * 1024
 
 #: One read-ahead query asks for at most this many roots (several batches per statement) ...
 MAX_READ_AHEAD_ROOTS = 1000
 #: ... and for no more than about this many bytes of encoded lines, so that a job of large
 #: roots keeps a bounded amount in memory (the first query of a chain asks for one batch).
 READ_AHEAD_BYTES = 8 * 1024 * 1024
+
+
+def is_stalled(attempts: int, batches: int, max_stalls: int) -> bool:
+    """Stall guard, evaluated on a takeover with ``attempts`` *after* the takeover's increment.
+
+    For a healthy job every claim confirms one file, so ``attempts - batches - 1`` counts the
+    claims that confirmed nothing (dead workers, lost leases).
+    """
+    return attempts - batches - 1 >= max_stalls
+
+
+def over_budget(bytes_so_far: int, size: int, max_bytes: int) -> bool:
+    """``bytes + size > max_bytes`` fails; exactly reaching the budget is fine."""
+    return bytes_so_far + size > max_bytes
+
+
+def file_cap(max_bytes: int) -> int:
+    return min(MAX_FILE_BYTES, max_bytes // 4)
 
 
 def stray_names(names: Iterable[str], report: VerifyReport | None) -> list[str]:

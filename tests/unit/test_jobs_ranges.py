@@ -7,19 +7,16 @@ from datetime import datetime, timedelta
 import pytest
 
 from orbit_tasks import failpoints
+from orbit_tasks.archive.claims import MAX_FILE_BYTES, file_cap, is_stalled, over_budget
 from orbit_tasks.archive.jobs import (
-    MAX_FILE_BYTES,
     ErrorCode,
     JobState,
     check_abandon,
     check_expected_revision,
     check_retry,
     claimable,
-    file_cap,
-    is_stalled,
     is_takeover,
     lease_expired,
-    over_budget,
 )
 from orbit_tasks.archive.ranges import (
     ArchiveRange,

@@ -36,6 +36,7 @@ from sqlalchemy import Connection, Engine
 
 from orbit_tasks import failpoints
 from orbit_tasks.archive import claims as claim_rules
+from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.engine import leftovers, verify
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
 from orbit_tasks.archive.engine.volume import (
@@ -55,9 +56,6 @@ from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
     JobFailure,
-    file_cap,
-    is_stalled,
-    over_budget,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import jobs as store

@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orbit_tasks import failpoints, oserrors
-from orbit_tasks.archive.format.names import ParsedName, parse_name
+from orbit_tasks.archive.format.names import TMP_PREFIX, ParsedName, parse_name
 from orbit_tasks.archive.format.values import sha256_hex
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.ids import from_hex
 
 IDENTITY_FILE = ".orbit-volume.json"
 VOLUME_FORMAT = "orbit-volume/1"
-TMP_PREFIX = ".tmp-"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import re
 from typing import NamedTuple
 
 MAX_SEQ = 99_999_999
+TMP_PREFIX = ".tmp-"  # a durable write's temp file (never a job file)
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^(\d{8})-([0-9a-f]{64})\.(json|jsonl\.gz)$")
