@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from orbit_tasks.queues import ARCHIVE_QUEUE_PREFIX
+from orbit_tasks.queues import queue_name
 
 RUN_JOB_TASK = "orbit.archive.run_job"
 
@@ -32,13 +32,6 @@ def wakeup_label(storage_id: bytes, namespace_id: bytes, job_id: bytes, kind: st
         f"job={job_id.hex()}",
     ]
     return "(" + ", ".join(parts) + ")"
-
-
-def queue_name(storage_id: bytes) -> str:
-    """``orbit.archive.<storage_hex>``: the queue consumed only by nodes mounting that volume."""
-    if len(storage_id) != 16:
-        raise ValueError(f"storage id must be 16 bytes, got {len(storage_id)}")
-    return ARCHIVE_QUEUE_PREFIX + storage_id.hex()
 
 
 def make_publisher(app: Any) -> Publisher:

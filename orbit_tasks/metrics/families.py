@@ -16,8 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from orbit_tasks.archive.jobs import ErrorCode, JobState
-from orbit_tasks.archive.wakeups import queue_name
-from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE
+from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE, queue_name
 from orbit_tasks.sender import policy
 
 SOURCES = ("platform_db", "business_db", "broker")

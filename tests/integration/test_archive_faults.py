@@ -21,11 +21,11 @@ from sqlalchemy import Engine, insert, select
 from orbit_tasks.archive.engine.volume import job_dir, write_identity
 from orbit_tasks.archive.format.names import parse_name, tail_name
 from orbit_tasks.archive.jobs import Job, JobState
-from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
+from orbit_tasks.queues import queue_name
 from tests.fs_support import small_tmpfs
 from tests.integration.archive_jobs_support import (
     REDIS_URL,

@@ -16,10 +16,10 @@ import pytest
 from sqlalchemy import Engine, text, update
 
 from orbit_tasks.archive.jobs import JobState
-from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.db.business_tables import sender_outbox
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.platform_tables import archive_plans
+from orbit_tasks.queues import queue_name
 from orbit_tasks.sender import enqueue
 from tests.cli_support import run_orbit
 from tests.dbutil import mariadb_database, migrated_engine, redis_url

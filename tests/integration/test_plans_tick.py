@@ -21,13 +21,14 @@ from sqlalchemy import Engine, func, insert, select, text, update
 from orbit_tasks.archive import plans as schedule
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.archive.wakeups import Publisher, make_publisher, queue_name
+from orbit_tasks.archive.wakeups import Publisher, make_publisher
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevision
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
+from orbit_tasks.queues import queue_name
 from orbit_tasks.settings import Settings, load_settings
 from tests import tick_support
 from tests.dbutil import migrated_engine, redis_url

@@ -20,11 +20,12 @@ from sqlalchemy import Engine, delete, insert, select, update
 
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
-from orbit_tasks.archive.wakeups import Publisher, queue_name
+from orbit_tasks.archive.wakeups import Publisher
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
+from orbit_tasks.queues import queue_name
 from orbit_tasks.settings import load_settings
 from tests import tick_support
 from tests.dbutil import redis_url
