@@ -11,6 +11,7 @@ these functions decide what they mean.
 * :func:`fit_to_cap` -- halve a batch (by root count) until its file fits the per-file cap.
 * :func:`unconfirmed_file_fate` -- step 6: what a writer whose confirm was rejected does with
   the file it wrote.
+* :func:`chain_expectation` -- what a job row expects of its chain.
 * :func:`read_ahead_roots` -- how many roots the next read-ahead query asks for.
 """
 
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
-from orbit_tasks.archive.format.expectation import VerifyReport
+from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.names import TMP_PREFIX, parse_name
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
 
@@ -117,3 +119,25 @@ def read_ahead_roots(batch_size: int, encoded_bytes: int, encoded_roots: int) ->
         return batch_size
     per_root = max(1, encoded_bytes // encoded_roots)
     return max(batch_size, min(MAX_READ_AHEAD_ROOTS, READ_AHEAD_BYTES // per_root))
+
+
+def chain_expectation(
+    job: Job, *, complete: bool, range: tuple[datetime | None, datetime] | None = None
+) -> ChainExpectation:
+    """What the job row expects of its chain: the one place a :class:`ChainExpectation` is built
+    from a job (the runner, ``orbit job verify|export`` and restore)."""
+    return ChainExpectation(
+        namespace_id=job.namespace_id,
+        job_id=job.id,
+        kind=job.kind,
+        storage_id=job.storage_id,
+        batch_size=job.batch_size,
+        plan_revision=job.plan_revision,
+        policy_revision=job.policy_revision,
+        batches=job.batches,
+        roots=job.roots,
+        bytes=job.bytes,
+        last_sha256=job.last_sha256,
+        complete=complete,
+        range=range,
+    )

@@ -131,6 +131,7 @@ def run_tick(
 
 def _is_broker_error(exc: BaseException) -> bool:
     try:
+        # Imported here: kombu (~0.04 s) only when a publish failed.
         from kombu.exceptions import OperationalError as KombuOperationalError
     except ImportError:  # pragma: no cover - kombu ships with celery
         return False

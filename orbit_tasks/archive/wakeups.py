@@ -53,6 +53,8 @@ def publish_wakeup(
     storage_id: bytes, namespace_id: bytes, job_id: bytes, *, kind: str = ""
 ) -> None:
     """Send one ``orbit.archive.run_job`` wake-up through the deployment's broker."""
+    # Imported here: the Celery app (~0.12 s) only when a wake-up is really sent; tests and
+    # `orbit archive tick` callers may pass their own publisher.
     from orbit_tasks.celery_app import app
 
     make_publisher(app)(storage_id, namespace_id, job_id, kind=kind)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from orbit_tasks.dev.demo import run_demo
+
 
 @click.command("demo")
 @click.option(
@@ -19,8 +21,6 @@ import click
 )
 def demo_command(directory: Path) -> None:
     """Run the archive and the outbox sender end to end with no servers."""
-    from orbit_tasks.dev.demo import run_demo
-
     run_demo(directory)
 
 

@@ -76,6 +76,7 @@ def flower(
         # With no auth this variable would open Flower's API to every origin (CORS *).
         os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)
 
+    # Imported here: Flower and Celery (~0.4 s) cost every other `orbit` command.
     from flower.app import Flower
     from flower.options import options
     from flower.urls import settings as flower_settings

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, insert, select
 
+from orbit_tasks.archive import claims
 from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.engine.verify import export_roots
 from orbit_tasks.archive.engine.volume import job_dir
@@ -88,7 +89,7 @@ def _seed_at(engine: Engine, ns: bytes, q: bytes, settled: list[datetime], seed:
 def _expectation(engine: Engine, job: Job) -> ChainExpectation:
     with engine.connect() as conn:
         rng = job_store.job_range(conn, job)
-    expect = job_store.chain_expectation(job, complete=job.state is JobState.SUCCEEDED)
+    expect = claims.chain_expectation(job, complete=job.state is JobState.SUCCEEDED)
     return replace(expect, range=(rng.from_, rng.until))
 
 

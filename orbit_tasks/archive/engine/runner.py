@@ -60,9 +60,10 @@ from orbit_tasks.archive.jobs import (
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
-from orbit_tasks.archive.wakeups import Publisher
+from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import driver_code, is_transient_db
+from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
@@ -123,8 +124,6 @@ def run_job(
     ``not_mounted``, ``not_claimed``, ``succeeded``, ``failed``, ``released``, ``lease_lost``,
     ``transient``."""
     if engine is None:
-        from orbit_tasks.db.registry import platform_engine
-
         engine = platform_engine()
     ns_id, job_id = from_hex(ns_hex, "namespace id"), from_hex(job_hex, "job id")
     try:
@@ -191,8 +190,6 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> str:
 def _publish_continuation(ch: _Chain, publish: Publisher | None) -> None:
     job = ch.claim.job
     if publish is None:
-        from orbit_tasks.archive.wakeups import publish_wakeup
-
         publish = publish_wakeup
     try:
         publish(job.storage_id, job.namespace_id, job.id, kind=job.kind)
@@ -340,7 +337,7 @@ def _check_volume(ch: _Chain) -> None:
 
 def _expectation(ch: _Chain, c: store.Claim | None = None) -> ChainExpectation:
     assert ch.rng is not None
-    expect = store.chain_expectation((c or ch.claim).job, complete=False)
+    expect = claim_rules.chain_expectation((c or ch.claim).job, complete=False)
     return replace(expect, range=(ch.rng.from_, ch.rng.until))
 
 

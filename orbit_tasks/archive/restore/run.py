@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import IntegrityError
 
+from orbit_tasks.archive import claims
 from orbit_tasks.archive.engine.verify import ChainInvalid, verify_job_dir
 from orbit_tasks.archive.engine.volume import job_dir, list_names, read_file
 from orbit_tasks.archive.format.batch import DecodedBatch, decode_batch
@@ -176,7 +177,7 @@ def open_job(platform: Engine, job: Job, directory: Path) -> JobArchive:
             rng = job_store.job_range(conn, job)
         except JobFailure:
             rng = None  # policy row gone: verify without the range check, as `job verify`
-    expect = job_store.chain_expectation(job, complete=True)
+    expect = claims.chain_expectation(job, complete=True)
     if rng is not None:
         expect = replace(expect, range=(rng.from_, rng.until))
     report = verify_job_dir(directory, expect)

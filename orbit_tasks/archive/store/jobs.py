@@ -525,22 +525,3 @@ def policy_seconds(
     if set(found) != revisions:
         raise JobFailure(ErrorCode.POLICY_MISSING)
     return found
-
-
-def chain_expectation(job: Job, *, complete: bool) -> Any:
-    from orbit_tasks.archive.format.expectation import ChainExpectation
-
-    return ChainExpectation(
-        namespace_id=job.namespace_id,
-        job_id=job.id,
-        kind=job.kind,
-        storage_id=job.storage_id,
-        batch_size=job.batch_size,
-        plan_revision=job.plan_revision,
-        policy_revision=job.policy_revision,
-        batches=job.batches,
-        roots=job.roots,
-        bytes=job.bytes,
-        last_sha256=job.last_sha256,
-        complete=complete,
-    )
