@@ -93,7 +93,7 @@ def _log_worker_queues(sender: str, instance: Any, **_: Any) -> None:
     except AttributeError:  # pragma: no cover - older celery layouts
         queues = []
     log_action(
-        logging.getLogger("orbit.worker"),
+        logging.getLogger("orbit.celery_app"),
         "worker.started",
         hostname=sender,
         queues=queues,

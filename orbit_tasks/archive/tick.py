@@ -38,7 +38,7 @@ from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import list_storages
 from orbit_tasks.settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("orbit.archive.tick")
 
 # Reads "now" inside the caller's transaction. Production: ``db_now`` (SPEC §2).
 Clock = Callable[[Connection], datetime]

@@ -18,7 +18,7 @@ from orbit_tasks.error_lines import describe_error
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.units import parse_duration, parse_size
 
-log = logging.getLogger("orbit.cli")
+log = logging.getLogger("orbit.cli.common")
 
 
 class OrbitGroup(click.Group):

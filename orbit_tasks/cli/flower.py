@@ -27,7 +27,7 @@ from orbit_tasks.flower_options import (
 from orbit_tasks.logs import configure_from_settings, log_action
 from orbit_tasks.settings import get_settings
 
-log = logging.getLogger("orbit.flower")
+log = logging.getLogger("orbit.cli.flower")
 
 
 def _exit_on_sigterm(*_: Any) -> None:

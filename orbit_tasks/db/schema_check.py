@@ -43,7 +43,7 @@ from orbit_tasks.logs import log_action
 
 Chain = Literal["platform", "business"]
 MIGRATIONS = Path(__file__).parent / "migrations"
-logger = logging.getLogger("orbit.db")
+logger = logging.getLogger("orbit.db.schema_check")
 
 
 class SchemaNotReady(OrbitError):

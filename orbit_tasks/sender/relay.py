@@ -32,7 +32,7 @@ from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassSta
 
 __all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
-logger = logging.getLogger("orbit.sender")
+logger = logging.getLogger("orbit.sender.relay")
 
 SWEEP_LIMIT = 500
 # The claim guards catch due rows of claimable queues at once; the sweep is for the rest (rows no

@@ -18,7 +18,7 @@ from orbit_tasks.sender.relay import PassStats, Relay
 from orbit_tasks.sender_limits import pass_limits
 from orbit_tasks.settings import get_settings
 
-logger = logging.getLogger("orbit.sender")
+logger = logging.getLogger("orbit.sender.tasks")
 _lock = threading.Lock()
 _relay: Relay | None = None
 

@@ -24,7 +24,7 @@ from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.db.engine import Clock
 from orbit_tasks.logs import log_action
 
-log = logging.getLogger("orbit.archive.runner")
+log = logging.getLogger("orbit.archive.engine.leftovers")
 
 
 def list_dir(directory: Path) -> list[str]:

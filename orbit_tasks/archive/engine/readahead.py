@@ -38,7 +38,7 @@ from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import source
 from orbit_tasks.logs import log_action
 
-log = logging.getLogger("orbit.archive.readahead")
+log = logging.getLogger("orbit.archive.engine.readahead")
 
 DEPTH = 2  # prepared files (and encoded chunks) waiting for the next stage
 

@@ -70,7 +70,7 @@ from orbit_tasks.logs import log_action
 from orbit_tasks.platform.history import history_kind
 from orbit_tasks.settings import Settings
 
-log = logging.getLogger("orbit.archive.runner")
+log = logging.getLogger("orbit.archive.engine.runner")
 
 #: How the runner's chain checks decode batch lines: the first and the last line of every
 #: file (with every file's SHA-256, gzip CRC, header and line count). Every byte of a file is
