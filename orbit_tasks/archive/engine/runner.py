@@ -23,6 +23,7 @@ What a chain does once, and what it does per batch (docs/archive-jobs.md, "The r
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -72,6 +73,21 @@ from orbit_tasks.settings import Settings
 
 log = logging.getLogger("orbit.archive.engine.runner")
 
+
+class Outcome(enum.StrEnum):
+    """What one delivery did: the word :func:`run_job` returns (logs, tests)."""
+
+    MISSING = "missing"  # no such job
+    NOT_MOUNTED = "not_mounted"  # this worker does not mount the job's storage
+    NOT_CLAIMED = "not_claimed"  # another claim holds a live lease, or the job is final
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RELEASED = "released"  # the time slice is over: PENDING again, a continuation wake-up sent
+    LEASE_LOST = "lease_lost"  # a fenced write matched no row: stopped, nothing more written
+    TRANSIENT = "transient"  # a transient database fault: stopped, the lease will expire
+    CHAINED = "chained"  # internal: a confirm that took the next claim in the same statement
+
+
 #: How the runner's chain checks decode batch lines: the first and the last line of every
 #: file (with every file's SHA-256, gzip CRC, header and line count). Every byte of a file is
 #: covered by its verified SHA-256 and was encoded by this runner; re-parsing every line cost
@@ -119,7 +135,7 @@ def run_job(
     engine: Engine | None = None,
     publish: Publisher | None = None,
     clock: Clock = DB_CLOCK,
-) -> str:
+) -> Outcome:
     """Handle one wake-up. Returns an outcome word (for logs and tests): ``missing``,
     ``not_mounted``, ``not_claimed``, ``succeeded``, ``failed``, ``released``, ``lease_lost``,
     ``transient``."""
@@ -132,18 +148,18 @@ def run_job(
                 job = store.get_job(conn, ns_id, job_id)
             if job is None:
                 log_action(log, "archive.job.missing", namespace_id=ns_hex, job_id=job_hex)
-                return "missing"
+                return Outcome.MISSING
             volume = volumes.get(job.storage_id.hex())
             if volume is None:
                 log_action(
                     log, "archive.job.not_mounted", namespace_id=ns_hex, job_id=job_hex,
                     storage_id=job.storage_id,
                 )  # fmt: skip
-                return "not_mounted"
+                return Outcome.NOT_MOUNTED
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
-                return "not_claimed"
+                return Outcome.NOT_CLAIMED
             log_action(
                 log,
                 "archive.job.takeover" if c.takeover else "archive.job.claimed",
@@ -168,19 +184,19 @@ def run_job(
                 log, "archive.job.transient", logging.WARNING, namespace_id=ns_hex,
                 job_id=job_hex, error=type(exc).__name__, code=driver_code(exc),
             )  # fmt: skip
-            return "transient"
+            return Outcome.TRANSIENT
         raise
 
 
-def _run_chain(ch: _Chain, publish: Publisher | None) -> str:
+def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
     try:
         outcome = _claims(ch)
     except JobFailure as failure:
         return _fail(ch, failure.code)
     except LeaseLost:
         _lost(ch.claim)
-        return "lease_lost"
-    if outcome == "released":
+        return Outcome.LEASE_LOST
+    if outcome is Outcome.RELEASED:
         job = ch.claim.job
         log_action(log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id)
         _publish_continuation(ch, publish)
@@ -200,18 +216,18 @@ def _publish_continuation(ch: _Chain, publish: Publisher | None) -> None:
         )  # fmt: skip
 
 
-def _fail(ch: _Chain, code: ErrorCode) -> str:
+def _fail(ch: _Chain, code: ErrorCode) -> Outcome:
     c = ch.claim
     try:
         store.fail(ch.conn, c, code, clock=ch.clock)
     except LeaseLost:
         _lost(c)
-        return "lease_lost"
+        return Outcome.LEASE_LOST
     log_action(
         log, "archive.job.failed", logging.WARNING, namespace_id=c.job.namespace_id,
         job_id=c.job.id, error_code=code.value, batches=c.job.batches,
     )  # fmt: skip
-    return "failed"
+    return Outcome.FAILED
 
 
 def _lost(c: store.Claim) -> None:
@@ -224,7 +240,7 @@ def _lost(c: store.Claim) -> None:
 # --- the chain ----------------------------------------------------------------------------------
 
 
-def _claims(ch: _Chain) -> str:
+def _claims(ch: _Chain) -> Outcome:
     """Steps 1-5 for every claim of the chain; returns ``succeeded`` or ``released``. Raises
     JobFailure / LeaseLost (handled by the caller)."""
     try:
@@ -240,7 +256,7 @@ def _claims(ch: _Chain) -> str:
             stored = store_job_file(ch.directory, manifest.name, manifest.data)
             _written(ch, manifest)
             outcome = _confirm(ch, manifest, stored, None)
-            if outcome != "chained":
+            if outcome is not Outcome.CHAINED:
                 return outcome
         if ch.tail_final:
             return _finish(ch)
@@ -271,7 +287,7 @@ def _batch_file(p: PreparedBatch) -> _File:
     return _File(p.name, p.sha256, p.data, p.roots, p.final, True, p.seq, p.prev_sha256)
 
 
-def _batches(ch: _Chain) -> str:
+def _batches(ch: _Chain) -> Outcome:
     """Steps 3-4 for each batch. The read-ahead thread prepares the files; a writer thread
     writes file n+1 durably while file n's confirm is in flight (write-ahead by one file: if the
     lease is lost, it is a leftover beyond the prefix, removed by step 6 or the next owner).
@@ -309,7 +325,7 @@ def _batches(ch: _Chain) -> str:
                             store_job_file, ch.directory, follow.name, follow.data
                         )  # else: refused again, after this confirm, in the next round
             outcome = _confirm(ch, current, stored, writing)
-            if outcome != "chained":
+            if outcome is not Outcome.CHAINED:
                 return outcome
 
 
@@ -424,7 +440,9 @@ def _refuse(code: ErrorCode | None) -> None:
         raise JobFailure(code)
 
 
-def _confirm(ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile] | None) -> str:
+def _confirm(
+    ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile] | None
+) -> Outcome:
     """Step 4 after the durable write: the fenced confirm that chains the next claim (or keeps
     the lease for the final step, or releases the job at the end of the time slice). Returns
     ``chained``, or the outcome of the final step / ``released``. ``follow`` is the write of
@@ -453,13 +471,13 @@ def _confirm(ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile
     )  # fmt: skip
     failpoints.hit("archive.after_confirm")
     if after == "release":
-        return "released"
+        return Outcome.RELEASED
     assert nxt is not None
     ch.claim = nxt
     if after == "keep":
         ch.tail_final = True
         return _finish(ch)
-    return "chained"
+    return Outcome.CHAINED
 
 
 def _require_verified(report: VerifyReport, ch: _Chain) -> None:
@@ -472,7 +490,7 @@ def _require_verified(report: VerifyReport, ch: _Chain) -> None:
         raise JobFailure(ErrorCode.CHAIN_BROKEN)
 
 
-def _finish(ch: _Chain) -> str:
+def _finish(ch: _Chain) -> Outcome:
     """Step 5: re-verify the whole chain from disk (streaming, with the range any node derives
     from the database), remove strays under the lease check, apply the SOURCE_CHANGED rule,
     then SUCCEEDED. Only a verified chain tells confirmed files from strays: a walk that
@@ -496,7 +514,7 @@ def _finish(ch: _Chain) -> str:
         log, "archive.job.succeeded", namespace_id=job.namespace_id, job_id=job.id,
         attempts=job.attempts, batches=job.batches, roots=job.roots, bytes=job.bytes,
     )  # fmt: skip
-    return "succeeded"
+    return Outcome.SUCCEEDED
 
 
 def _loop(
@@ -506,7 +524,7 @@ def _loop(
     settings: Settings,
     publish: Publisher | None,
     clock: Clock = DB_CLOCK,
-) -> str:
+) -> Outcome:
     """Run the claim chain of an existing claim ``c`` (tests: a claim taken elsewhere)."""
     with engine.connect() as conn:
         ch = _Chain(
