@@ -1,4 +1,4 @@
-"""``orbit demo``: end to end on the embedded default (see ``orbit_tasks/demo.py``)."""
+"""``orbit demo``: end to end on the embedded default (see ``orbit_tasks/dev/demo.py``)."""
 
 from __future__ import annotations
 
