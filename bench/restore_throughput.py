@@ -43,7 +43,7 @@ from orbit_tasks.dev import generator  # noqa: E402
 from orbit_tasks.ids import new_id  # noqa: E402
 from orbit_tasks.platform import store  # noqa: E402
 from orbit_tasks.settings import load_settings  # noqa: E402
-from tests.dbutil import mariadb_database, migrated_engine  # noqa: E402
+from tests.support.db import mariadb_database, migrated_engine  # noqa: E402
 
 
 def _archive(engine: Engine, args: Any, tmp: Path) -> tuple[Any, Path, float]:

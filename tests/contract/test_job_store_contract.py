@@ -9,7 +9,6 @@ owner, for a claim, a takeover, the owner's lease check and an abandon alike.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,14 @@ from sqlalchemy import Engine, insert, select
 from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobState
 from orbit_tasks.archive.store import jobs as job_store
-from orbit_tasks.db.engine import DB_CLOCK, FixedClock, db_now, make_engine
+from orbit_tasks.db.engine import DB_CLOCK, FixedClock, db_now
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.errors import IllegalState, LeaseLost
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import load_settings
-from tests.integration.archive_jobs_support import make_volume
-
-pytestmark = [pytest.mark.mariadb]
+from tests.support.archive_jobs import make_volume
 
 T0 = dt.datetime(2026, 5, 17, 8, 30, 0, 250000)
 US = dt.timedelta(microseconds=1)
@@ -36,12 +33,8 @@ SHA = "ab" * 32
 
 
 @pytest.fixture
-def engine(any_platform_url: str) -> Iterator[Engine]:
-    eng = make_engine(any_platform_url)
-    try:
-        yield eng
-    finally:
-        eng.dispose()
+def engine(any_platform_engine: Engine) -> Engine:
+    return any_platform_engine
 
 
 def _job(engine: Engine, storage: bytes | None = None) -> Job:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import secrets
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +21,8 @@ from sqlalchemy import Engine, select
 from orbit_tasks.sender import policy, store
 from orbit_tasks.sender.client import Identity, PlatformClient, SendResult
 from orbit_tasks.sender.relay import Owned, PassStats, Relay, Sent
-from tests import sender_support
-from tests.dbutil import mariadb_database, migrated_engine
-from tests.sender_support import World, captured_sql, explain, platform_task_count
+from tests.support import sender as sender_support
+from tests.support.sender import World, captured_sql, explain, platform_task_count
 
 T0 = dt.datetime(2031, 5, 6, 7, 8, 9, 123456)
 US = dt.timedelta(microseconds=1)
@@ -39,14 +36,9 @@ OFFSETS = (-1, 0, 1)  # microseconds around each boundary
 world = sender_support.world  # module fixture: platform database + API (for the send checks)
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
-def biz(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        with migrated_engine(f"sqlite:///{tmp_path / 'business.sqlite3'}", "business") as e:
-            yield e
-    else:
-        with mariadb_database("orbit_sk") as url, migrated_engine(url, "business") as e:
-            yield e
+@pytest.fixture
+def biz(any_business_engine: Engine) -> Engine:
+    return any_business_engine
 
 
 OFFLINE = PlatformClient("http://127.0.0.1:9", "orb_unused", timeout_seconds=1.0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,14 +20,13 @@ from sqlalchemy import Engine, delete, insert, select, update
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import Publisher
-from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.queues import queue_name
 from orbit_tasks.settings import load_settings
-from tests import tick_support
-from tests.dbutil import redis_url
+from tests.support import tick as tick_support
+from tests.support.db import redis_url
 
 REDIS_URL = redis_url(2)
 US = dt.timedelta(microseconds=1)
@@ -40,12 +38,8 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def engine(any_platform_url: str) -> Iterator[Engine]:
-    engine = make_engine(any_platform_url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
+def engine(any_platform_engine: Engine) -> Engine:
+    return any_platform_engine
 
 
 rds = tick_support.rds

@@ -26,8 +26,7 @@ from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
 from orbit_tasks.queues import queue_name
-from tests.fs_support import small_tmpfs
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     REDIS_URL,
     ArchiveEnv,
     MiB,
@@ -45,6 +44,7 @@ from tests.integration.archive_jobs_support import (
     wait_marker,
     wait_state,
 )
+from tests.support.fs import small_tmpfs
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
@@ -425,7 +425,7 @@ def test_big_batch_is_halved_and_a_too_large_root_fails_until_the_budget_grows(
     assert_succeeded_exactly(ae, done, vol)
 
     from orbit_tasks.archive.store import jobs as job_store
-    from tests.integration.archive_jobs_support import make_due
+    from tests.support.archive_jobs import make_due
 
     with ae.engine.connect() as conn:
         until = job_store.job_range(conn, done).until  # = the next job's from (inclusive)

@@ -1,6 +1,7 @@
-"""HTTP faults between the sender and the real API, injected by a real proxy (tests/sender_proxy):
-responses dropped after the platform committed, 5xx/429 with Retry-After, timeouts after which the
-platform still commits, permanent refusals, and a key reused with another body.
+"""HTTP faults between the sender and the real API, injected by a real proxy
+(tests/support/sender_proxy.py): responses dropped after the platform committed, 5xx/429 with
+Retry-After, timeouts after which the platform still commits, permanent refusals, and a key reused
+with another body.
 
 Oracle (SPEC §10): every row ends ACCEPTED or REVIEW, at most one platform task per key, and each
 ACCEPTED row holds the platform's original receipt byte-exact."""
@@ -11,10 +12,9 @@ import pytest
 from sqlalchemy import Engine
 
 from orbit_tasks.sender import enqueue
-from tests import sender_support
-from tests.dbutil import mariadb_database, migrated_engine
-from tests.sender_proxy import PASS, Fault, fault_proxy
-from tests.sender_support import (
+from tests.support import sender as sender_support
+from tests.support.db import mariadb_database, migrated_engine
+from tests.support.sender import (
     World,
     check_invariants,
     drive,
@@ -24,6 +24,7 @@ from tests.sender_support import (
     platform_task_count,
     rows,
 )
+from tests.support.sender_proxy import PASS, Fault, fault_proxy
 
 pytestmark = [pytest.mark.mariadb]
 

@@ -17,7 +17,7 @@ from orbit_tasks.archive.format import values as fv
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.failpoints import ENV as FAILPOINTS
 from orbit_tasks.ids import new_id
-from tests.fs_support import full_tmpfs, small_tmpfs
+from tests.support.fs import full_tmpfs, small_tmpfs
 
 
 def _blob(seq: int, size: int = 100) -> tuple[str, bytes]:

@@ -18,7 +18,7 @@ from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import source
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     archive_env,
     assert_succeeded_exactly,
     cli_json,

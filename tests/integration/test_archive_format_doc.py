@@ -12,8 +12,8 @@ from pathlib import Path
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.format import values as fv
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.integration.restore_support import FIXTURE, fixture_rows
-from tests.unit.archive_chain_helpers import UNTIL, build_chain, manifest
+from tests.support.archive_chain import UNTIL, build_chain, manifest
+from tests.support.restore import FIXTURE, fixture_rows
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "archive-format.md"
 

@@ -13,7 +13,6 @@ import json
 import os
 import random
 import subprocess
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -31,13 +30,13 @@ from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.db.engine import db_now, make_engine
+from orbit_tasks.db.engine import db_now
 from orbit_tasks.dev import generator
 from orbit_tasks.platform import store
 from orbit_tasks.platform.history import HISTORY_KINDS
 from orbit_tasks.settings import Settings, load_settings
 from orbit_tasks.units import parse_duration
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     ORBIT,
     REPO,
     make_due,
@@ -52,12 +51,8 @@ HK = HISTORY_KINDS[KIND]
 
 
 @pytest.fixture
-def engine(any_platform_url: str) -> Iterator[Engine]:
-    eng = make_engine(any_platform_url)
-    try:
-        yield eng
-    finally:
-        eng.dispose()
+def engine(any_platform_engine: Engine) -> Engine:
+    return any_platform_engine
 
 
 def _settings(url: str, tmp: Path) -> Settings:

@@ -25,7 +25,8 @@ from orbit_tasks.archive.engine.volume import job_dir, write_job_file
 from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.jobs import JobState
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_chain import build_chain, record
+from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
     assert_succeeded_exactly,
@@ -35,7 +36,6 @@ from tests.integration.archive_jobs_support import (
     make_volume,
     seed,
 )
-from tests.unit.archive_chain_helpers import build_chain, record
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
@@ -223,7 +223,7 @@ def test_a_value_that_cannot_be_encoded_fails_only_after_the_files_before_it(
     from orbit_tasks.db.engine import make_engine
     from orbit_tasks.db.history_tables import tasks
     from orbit_tasks.settings import load_settings
-    from tests.dbutil import migrated_engine
+    from tests.support.db import migrated_engine
 
     url = f"sqlite:///{tmp_path / 'platform.sqlite3'}"
     with migrated_engine(url, "platform"):

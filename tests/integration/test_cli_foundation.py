@@ -24,7 +24,7 @@ from orbit_tasks.db.platform_tables import (
 )
 from orbit_tasks.ids import from_hex, new_id
 from orbit_tasks.platform import store
-from tests.cli_support import invoke_items, invoke_json, invoke_orbit, orbit_env, run_orbit
+from tests.support.cli import invoke_items, invoke_json, invoke_orbit, orbit_env, run_orbit
 
 HEX32 = 32
 

@@ -19,7 +19,7 @@ from orbit_tasks.dev import generator
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.platform import store
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.cli_support import invoke_json, invoke_orbit, orbit_env
+from tests.support.cli import invoke_json, invoke_orbit, orbit_env
 
 ROOTS = 200
 CHILDREN = 3

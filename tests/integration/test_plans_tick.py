@@ -30,8 +30,8 @@ from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.queues import queue_name
 from orbit_tasks.settings import Settings, load_settings
-from tests import tick_support
-from tests.dbutil import migrated_engine, redis_url
+from tests.support import tick as tick_support
+from tests.support.db import migrated_engine, redis_url
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = redis_url(2)

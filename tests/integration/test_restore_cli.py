@@ -27,9 +27,7 @@ from orbit_tasks.db.history_tables import task_attempts, tasks
 from orbit_tasks.db.migrate import upgrade
 from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.cli_support import orbit_env, run_orbit
-from tests.dbutil import mariadb_database
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
     make_due,
@@ -37,7 +35,9 @@ from tests.integration.archive_jobs_support import (
     make_plan,
     make_volume,
 )
-from tests.integration.restore_support import (
+from tests.support.cli import orbit_env, run_orbit
+from tests.support.db import mariadb_database
+from tests.support.restore import (
     assert_rows_identical,
     reflected_rows,
     source_rows,

@@ -21,9 +21,7 @@ from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.history_tables import task_attempts, tasks
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.cli_support import orbit_env, run_orbit
-from tests.dbutil import mariadb_database, migrated_engine
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     archive_env,
     assert_succeeded_exactly,
     make_namespace,
@@ -32,7 +30,9 @@ from tests.integration.archive_jobs_support import (
     seed,
     wait_state,
 )
-from tests.integration.restore_support import (
+from tests.support.cli import orbit_env, run_orbit
+from tests.support.db import mariadb_database, migrated_engine
+from tests.support.restore import (
     assert_rows_identical,
     column_shapes,
     reflected_rows,

@@ -16,9 +16,8 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, text
 
-from tests import sender_support
-from tests.sender_proxy import PASS, Fault, fault_proxy
-from tests.sender_support import (
+from tests.support import sender as sender_support
+from tests.support.sender import (
     REDIS_URL,
     World,
     celery_env,
@@ -27,6 +26,7 @@ from tests.sender_support import (
     open_count,
     rows,
 )
+from tests.support.sender_proxy import PASS, Fault, fault_proxy
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 

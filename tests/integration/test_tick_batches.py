@@ -28,8 +28,8 @@ from orbit_tasks.db.platform_tables import (
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import Settings, load_settings
-from tests.dbutil import redis_url
-from tests.tick_support import PlanKey, make_due, race, seed_plans
+from tests.support.db import redis_url
+from tests.support.tick import PlanKey, make_due, race, seed_plans
 
 REDIS_URL = redis_url(2)
 MIB = 1024**2

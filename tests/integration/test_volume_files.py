@@ -22,8 +22,8 @@ from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.expectation import ChainExpectation
-from tests.fs_support import small_tmpfs as mount_small_tmpfs
-from tests.unit.archive_chain_helpers import JOB, NS, Chain, build_chain, rid, with_expect
+from tests.support.archive_chain import JOB, NS, Chain, build_chain, rid, with_expect
+from tests.support.fs import small_tmpfs as mount_small_tmpfs
 
 
 def _write_chain(directory: Path, chain: Chain) -> None:
@@ -221,7 +221,7 @@ def test_database_rows_encode_exactly(any_platform_url: str, tmp_path: Path) -> 
 
     from orbit_tasks.db import history_tables as h
     from orbit_tasks.db.engine import make_engine
-    from tests.unit.archive_chain_helpers import STORAGE, manifest
+    from tests.support.archive_chain import STORAGE, manifest
 
     body = '{"amount":1.10,"big":123456789012345678901234567890,"emoji":"\U0001f600\u2028"}'
     t_end = datetime(2026, 3, 1, 12, 0, 0, 999999)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ORBIT = REPO / ".venv" / "bin" / "orbit"
 STARTUP_SECONDS = 30.0
 

@@ -33,7 +33,7 @@ from orbit_tasks.dev import generator
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import Settings, load_settings
-from tests.dbutil import redis_url
+from tests.support.db import redis_url
 
 REPO = Path(__file__).resolve().parents[2]
 ORBIT = str(REPO / ".venv" / "bin" / "orbit")

@@ -17,7 +17,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ORBIT = REPO / ".venv" / "bin" / "orbit"
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ORBIT = REPO / ".venv" / "bin" / "orbit"
 HTTP_PORTS = range(19800, 19900)
 REDIS_PORTS = range(6460, 6470)

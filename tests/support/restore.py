@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Engine, MetaData, Table, insert, select, text
 
 from orbit_tasks.db import platform_tables as pt
-from tests.fixtures.typed_json import load_rows
+from tests.support.typed_json import load_rows
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "archive-format-1"
 PLATFORM_TABLES = {

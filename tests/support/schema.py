@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from orbit_tasks.db.collation import map_collations_for_mariadb
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SEEDS = REPO / "seeds"
 UPSTREAM = REPO.parent / "shared"  # the design's folder beside a clone, when there is one
 SEED_FILES = {"platform": "orbit_archive.sql", "business": "sender_outbox.sql"}

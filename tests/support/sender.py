@@ -26,8 +26,8 @@ from orbit_tasks.platform import store as platform_store
 from orbit_tasks.sender import enqueue
 from orbit_tasks.sender.client import PlatformClient
 from orbit_tasks.sender.relay import Clock, Relay
-from tests.api_server import ApiServer, running_api_server
-from tests.dbutil import mariadb_database, migrated_engine, redis_url
+from tests.support.api_server import ApiServer, running_api_server
+from tests.support.db import mariadb_database, migrated_engine, redis_url
 
 SENDER_REDIS_DB = 3
 REDIS_URL = redis_url(SENDER_REDIS_DB)

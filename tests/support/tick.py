@@ -27,7 +27,7 @@ from orbit_tasks.db.platform_tables import (
 )
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
-from tests.dbutil import redis_url
+from tests.support.db import redis_url
 
 CHUNK = 2000
 MIB = 1024**2

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,8 @@ from sqlalchemy import Engine
 
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.tick import run_tick
-from tests.api_server import free_port
-from tests.integration.archive_jobs_support import (
+from tests.support.api_server import free_port
+from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
     make_namespace,
@@ -30,49 +28,14 @@ from tests.integration.archive_jobs_support import (
     seed,
     wait_for,
 )
+from tests.support.processes import ORBIT, Proc, started
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
 REPO = Path(__file__).resolve().parents[2]
-ORBIT = str(REPO / ".venv" / "bin" / "orbit")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 USER, PASSWORD = "ops", "flower-test-p@ss:w0rd"
 AUTH = f"{USER}:{PASSWORD}"
-
-
-@dataclass
-class Proc:
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def text(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        with suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # pool children of a dead main process
-
-
-@contextmanager
-def started(args: list[str], env: dict[str, str], log: Path) -> Iterator[Proc]:
-    with log.open("wb") as fh:
-        popen = subprocess.Popen(
-            args, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    proc = Proc(popen, log)
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def flower_env(ae: ArchiveEnv, **extra: str) -> dict[str, str]:

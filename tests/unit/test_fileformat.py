@@ -18,7 +18,7 @@ from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.chain import verify_chain, verify_prefix
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.gzip_member import gzip_member
-from tests.unit.archive_chain_helpers import (
+from tests.support.archive_chain import (
     JOB,
     NS,
     STORAGE,

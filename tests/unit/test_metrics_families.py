@@ -19,7 +19,7 @@ from orbit_tasks.metrics.families import (
     consumers_of,
 )
 from orbit_tasks.queues import queue_name
-from tests.metrics_support import names, parse, series, value
+from tests.support.metrics import names, parse, series, value
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, 0)
 A, B = bytes(range(16)), bytes(range(16, 32))

@@ -23,7 +23,7 @@ from orbit_tasks.archive.restore.run import Window, uncovered
 from orbit_tasks.db.types import Bool, Id16
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.unit.archive_chain_helpers import manifest
+from tests.support.archive_chain import manifest
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "archive-format-1" / "volume"
 
