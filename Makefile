@@ -22,6 +22,7 @@ lint: install
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy orbit_tasks celeryconfig.py
+	.venv/bin/lint-imports  # the layer contract of docs/architecture.md (pyproject.toml)
 
 typecheck: install
 	.venv/bin/mypy orbit_tasks celeryconfig.py

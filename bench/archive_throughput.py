@@ -46,16 +46,18 @@ from celery import Celery  # noqa: E402
 from sqlalchemy import Engine, delete, text, update  # noqa: E402
 
 from bench.mariadb_instance import MariaDBInstance  # noqa: E402
-from orbit_tasks.archive import job_store, plan_store  # noqa: E402
+from orbit_tasks.archive.engine.volume import job_dir, write_identity  # noqa: E402
 from orbit_tasks.archive.jobs import Job, JobState  # noqa: E402
+from orbit_tasks.archive.store import jobs as job_store  # noqa: E402
+from orbit_tasks.archive.store import plans as plan_store  # noqa: E402
 from orbit_tasks.archive.tick import run_tick  # noqa: E402
-from orbit_tasks.archive.volume import job_dir, write_identity  # noqa: E402
 from orbit_tasks.archive.wakeups import make_publisher  # noqa: E402
 from orbit_tasks.db.engine import db_now, make_engine  # noqa: E402
 from orbit_tasks.db.migrate import upgrade  # noqa: E402
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans  # noqa: E402
+from orbit_tasks.dev import generator  # noqa: E402
 from orbit_tasks.ids import new_id  # noqa: E402
-from orbit_tasks.platform import generator, store  # noqa: E402
+from orbit_tasks.platform import store  # noqa: E402
 from orbit_tasks.platform.history import HISTORY_KINDS  # noqa: E402
 from orbit_tasks.settings import load_settings  # noqa: E402
 

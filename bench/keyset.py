@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orbit_tasks.db.engine import db_now  # noqa: E402
-from orbit_tasks.platform import generator  # noqa: E402
+from orbit_tasks.dev import generator  # noqa: E402
 from orbit_tasks.platform import store as platform_store  # noqa: E402
-from tests.dbutil import mariadb_database, migrated_engine  # noqa: E402
+from tests.support.db import mariadb_database, migrated_engine  # noqa: E402
 
 EXPANDED = """SELECT created_at, id FROM orbit_events
  WHERE namespace_id = :ns AND (created_at > :t OR (created_at = :t AND id > :i))

@@ -50,8 +50,8 @@ from orbit_tasks.metrics.sources import (  # noqa: E402
     PlatformSource,
     bounded_engine,
 )
-from tests.dbutil import mariadb_database, migrated_engine, redis_url  # noqa: E402
-from tests.metrics_support import HTTP_PORTS, free_port  # noqa: E402
+from tests.support.db import mariadb_database, migrated_engine, redis_url  # noqa: E402
+from tests.support.metrics import HTTP_PORTS, free_port  # noqa: E402
 
 MIB = 1024 * 1024
 KINDS = ("tasks", "events", "audit")

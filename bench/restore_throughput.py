@@ -30,15 +30,20 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import Engine  # noqa: E402
 
-from orbit_tasks.archive import job_store, plan_store, restore, restore_store, runner  # noqa: E402
+from orbit_tasks.archive.engine import runner  # noqa: E402
+from orbit_tasks.archive.engine.volume import job_dir, write_identity  # noqa: E402
 from orbit_tasks.archive.jobs import JobState  # noqa: E402
+from orbit_tasks.archive.restore import run as restore  # noqa: E402
+from orbit_tasks.archive.restore import store as restore_store  # noqa: E402
+from orbit_tasks.archive.store import jobs as job_store  # noqa: E402
+from orbit_tasks.archive.store import plans as plan_store  # noqa: E402
 from orbit_tasks.archive.tick import run_tick  # noqa: E402
-from orbit_tasks.archive.volume import job_dir, write_identity  # noqa: E402
 from orbit_tasks.db.engine import db_now, make_engine  # noqa: E402
+from orbit_tasks.dev import generator  # noqa: E402
 from orbit_tasks.ids import new_id  # noqa: E402
-from orbit_tasks.platform import generator, store  # noqa: E402
+from orbit_tasks.platform import store  # noqa: E402
 from orbit_tasks.settings import load_settings  # noqa: E402
-from tests.dbutil import mariadb_database, migrated_engine  # noqa: E402
+from tests.support.db import mariadb_database, migrated_engine  # noqa: E402
 
 
 def _archive(engine: Engine, args: Any, tmp: Path) -> tuple[Any, Path, float]:

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from orbit_tasks.platform import store as platform_store  # noqa: E402
 from orbit_tasks.sender.client import PlatformClient  # noqa: E402
-from tests.api_server import running_api_server  # noqa: E402
-from tests.dbutil import mariadb_database, migrated_engine  # noqa: E402
-from tests.sender_support import body_for, enqueue_many, make_relay, open_count  # noqa: E402
+from tests.support.api_server import running_api_server  # noqa: E402
+from tests.support.db import mariadb_database, migrated_engine  # noqa: E402
+from tests.support.sender import body_for, enqueue_many, make_relay, open_count  # noqa: E402
 
 
 def main() -> None:

@@ -39,8 +39,8 @@ from sqlalchemy import text  # noqa: E402
 
 from orbit_tasks.db.engine import db_now  # noqa: E402
 from orbit_tasks.ids import new_id  # noqa: E402
-from tests.dbutil import mariadb_database, migrated_engine  # noqa: E402
-from tests.tick_support import PlanKey, reset_all, seed_plans  # noqa: E402
+from tests.support.db import mariadb_database, migrated_engine  # noqa: E402
+from tests.support.tick import PlanKey, reset_all, seed_plans  # noqa: E402
 
 # The last commit whose tick handled each due plan in its own transactions.
 BASELINE_REF = "d190322"

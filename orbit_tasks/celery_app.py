@@ -21,6 +21,9 @@ from celery.signals import (
     worker_process_init,
 )
 
+from orbit_tasks.logs import configure_from_settings, log_action
+from orbit_tasks.start_checks import beat_chains, chains_of_queues, refuse_unless_ready
+
 TASK_MODULES = ["orbit_tasks.archive.tasks", "orbit_tasks.sender.tasks"]
 
 
@@ -41,6 +44,7 @@ app.config_from_object(_load_config_module())
 @worker_process_init.connect
 def _fresh_connections_in_child(**_: Any) -> None:
     """A forked child must not reuse the parent's MySQL connections."""
+    # Imported here: Flower and `celery -A` load this module; SQLAlchemy (~0.19 s) only in a worker.
     from orbit_tasks.db.registry import dispose_all_for_fork
 
     dispose_all_for_fork()
@@ -54,8 +58,6 @@ def _log_configuration_before_start(
     logging; configure first so that those lines are in the chosen format too. Then the schema
     start check of the databases its queues use (a worker started without ``orbit worker``
     gets it too; docs/schema.md)."""
-    from orbit_tasks.start_checks import chains_of_queues, refuse_unless_ready
-
     options = options or {}
     _one_log_configuration(options.get("loglevel"))
     queues = options.get("queues") or [getattr(conf, "task_default_queue", None) or ""]
@@ -67,8 +69,6 @@ def _log_configuration_before_start(
 @beat_init.connect
 def _beat_schema_check(**_: Any) -> None:
     """Beat started without ``orbit beat`` checks the databases the environment names."""
-    from orbit_tasks.start_checks import beat_chains, refuse_unless_ready
-
     refuse_unless_ready(beat_chains())
 
 
@@ -78,8 +78,6 @@ def _one_log_configuration(loglevel: int | str | None = None, **_: Any) -> None:
     (SPEC §12 "Logs"): ``ORBIT_LOG_FORMAT`` text or json, Celery's records included. Connecting
     this signal tells Celery not to configure logging itself. ``ORBIT_LOG_LEVEL``, when set,
     wins over ``-l``."""
-    from orbit_tasks.logs import configure_from_settings
-
     if isinstance(loglevel, int):
         default = logging.getLevelName(loglevel)
     else:
@@ -90,14 +88,12 @@ def _one_log_configuration(loglevel: int | str | None = None, **_: Any) -> None:
 @celeryd_after_setup.connect
 def _log_worker_queues(sender: str, instance: Any, **_: Any) -> None:
     """What the banner shows, as one structured record (json mode starts celery with ``-q``)."""
-    from orbit_tasks.logs import log_action
-
     try:
         queues = sorted(instance.app.amqp.queues.consume_from)
     except AttributeError:  # pragma: no cover - older celery layouts
         queues = []
     log_action(
-        logging.getLogger("orbit.worker"),
+        logging.getLogger("orbit.celery_app"),
         "worker.started",
         hostname=sender,
         queues=queues,

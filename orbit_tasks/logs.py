@@ -18,8 +18,8 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any
 
-LOG_FORMATS = ("text", "json")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+from orbit_tasks.settings import LOG_FORMATS, get_settings
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 REDACTED = "<redacted>"
 
@@ -196,8 +196,6 @@ def configure_logging(
 def configure_from_settings(default_level: str, *, stream: IO[str] | None = None) -> None:
     """:func:`configure_logging` with ``ORBIT_LOG_FORMAT`` and ``ORBIT_LOG_LEVEL`` from the one
     Settings object; ``default_level`` applies when ``ORBIT_LOG_LEVEL`` is not set."""
-    from orbit_tasks.settings import get_settings
-
     settings = get_settings()
     configure_logging(settings.log_format, settings.log_level or default_level, stream=stream)
 

@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from orbit_tasks import sender_limits
 from orbit_tasks.errors import InvalidInput
-from orbit_tasks.logs import LOG_FORMATS, LOG_LEVELS
-from orbit_tasks.sender import limits as sender_limits
+
+LOG_FORMATS = ("text", "json")  # ORBIT_LOG_FORMAT; orbit_tasks.logs writes them
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # ORBIT_LOG_LEVEL
 
 
 @dataclass(frozen=True)

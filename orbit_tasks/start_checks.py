@@ -63,9 +63,11 @@ def checked_marker(chains: Iterable[Chain]) -> str:
 def refuse_unless_ready(chains: Iterable[Chain]) -> None:
     """Check each chain's schema (unless already checked); on a failure print the CLI's one
     line on stderr and exit with its code (no traceback, no worker started)."""
-    from orbit_tasks.cli.errors import describe_error
+    # Imported here: every `orbit` command imports this module; Alembic and the drivers (~0.3 s)
+    # only when a check runs.
     from orbit_tasks.db.registry import business_engine, platform_engine
     from orbit_tasks.db.schema_check import require_schema
+    from orbit_tasks.error_lines import describe_error
 
     for chain in unchecked(chains, os.environ):
         try:

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from tests.dbutil import mariadb_database, migrated_engine
+from orbit_tasks.db.engine import make_engine
+from tests.support.db import mariadb_database, migrated_engine
 
 
 @pytest.fixture
@@ -30,13 +32,48 @@ def business_engine() -> Iterator[Engine]:
         yield engine
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
-def any_platform_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A migrated platform database URL, once on SQLite and once on MariaDB."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'platform.sqlite3'}"
-        with migrated_engine(url, "platform"):
-            yield url
+#: The one SQLite + MariaDB matrix: the SQLite half runs without MariaDB (``-m "not mariadb"``).
+BOTH_DATABASES = ["sqlite", pytest.param("mariadb", marks=pytest.mark.mariadb)]
+
+
+@pytest.fixture(params=BOTH_DATABASES)
+def database(request: pytest.FixtureRequest) -> str:
+    """Which database a matrix test runs on: ``sqlite`` or ``mariadb``."""
+    return str(request.param)
+
+
+@contextmanager
+def _migrated(
+    database: str, chain: str, tmp_path: Path, prefix: str
+) -> Iterator[tuple[str, Engine]]:
+    if database == "sqlite":
+        url = f"sqlite:///{tmp_path / f'{chain}.sqlite3'}"
+        with migrated_engine(url, chain) as engine:
+            yield url, engine
     else:
-        with mariadb_database() as url, migrated_engine(url, "platform"):
-            yield url
+        with mariadb_database(prefix) as url, migrated_engine(url, chain) as engine:
+            yield url, engine
+
+
+@pytest.fixture
+def any_platform_url(database: str, tmp_path: Path) -> Iterator[str]:
+    """A migrated platform database URL, once on SQLite and once on MariaDB."""
+    with _migrated(database, "platform", tmp_path, "orbit_t") as (url, _engine):
+        yield url
+
+
+@pytest.fixture
+def any_platform_engine(any_platform_url: str) -> Iterator[Engine]:
+    """An engine on :func:`any_platform_url` (the store contract suites)."""
+    engine = make_engine(any_platform_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def any_business_engine(database: str, tmp_path: Path) -> Iterator[Engine]:
+    """A migrated business (sender) database, once on SQLite and once on MariaDB."""
+    with _migrated(database, "business", tmp_path, "orbit_sk") as (_url, engine):
+        yield engine

@@ -30,7 +30,7 @@ from orbit_tasks.api import receipts, store
 from orbit_tasks.api.receipts import MAX_BODY_BYTES, ApiProblem
 from orbit_tasks.logs import log_action
 
-log = logging.getLogger("orbit_tasks.api")
+log = logging.getLogger("orbit.api.app")
 
 JSON = "application/json"
 # /readyz gives up on the database after this long (a hung connection is "not ready" too).

@@ -25,7 +25,7 @@ from orbit_tasks.ids import from_hex, is_hex_id, new_id
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import Credential, insert_audit, lookup_credential
 
-log = logging.getLogger("orbit_tasks.api")
+log = logging.getLogger("orbit.api.store")
 
 # MySQL/MariaDB: deadlock, lock wait timeout. Retried a few times, then 503.
 _ATTEMPTS = 5

@@ -13,14 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from orbit_tasks.errors import IllegalState, InvalidInput
-
-#: Per-file cap: one archive file (manifest or batch) may take at most a quarter of the job's
-#: budget, and never more than 64 MiB: ``file_cap(max_bytes) = min(MAX_FILE_BYTES, max_bytes // 4)``
-#: (256 KiB at the 1 MiB minimum budget). A batch whose file would be larger is halved by root
-#: count until it fits; a single root whose file is still larger fails ``ROOT_TOO_LARGE``. Raising
-#: the budget by ``retry --max-bytes`` raises the cap too.
-MAX_FILE_BYTES = 64 * 1024 * 1024
+from orbit_tasks.archive.plans import MAX_MAX_BYTES, MIN_MAX_BYTES
+from orbit_tasks.errors import IllegalState, InvalidInput, StaleRevision
+from orbit_tasks.units import format_size
 
 
 class JobState(enum.StrEnum):
@@ -160,24 +155,6 @@ def is_takeover(state: JobState) -> bool:
     return state is JobState.RUNNING
 
 
-def is_stalled(attempts: int, batches: int, max_stalls: int) -> bool:
-    """Stall guard, evaluated on a takeover with ``attempts`` *after* the takeover's increment.
-
-    For a healthy job every claim confirms one file, so ``attempts - batches - 1`` counts the
-    claims that confirmed nothing (dead workers, lost leases).
-    """
-    return attempts - batches - 1 >= max_stalls
-
-
-def over_budget(bytes_so_far: int, size: int, max_bytes: int) -> bool:
-    """``bytes + size > max_bytes`` fails; exactly reaching the budget is fine."""
-    return bytes_so_far + size > max_bytes
-
-
-def file_cap(max_bytes: int) -> int:
-    return min(MAX_FILE_BYTES, max_bytes // 4)
-
-
 def check_retry(state: JobState, max_bytes: int, new_max_bytes: int | None) -> int:
     """Validate a manual retry; returns the job's ``max_bytes`` after the retry.
 
@@ -189,15 +166,15 @@ def check_retry(state: JobState, max_bytes: int, new_max_bytes: int | None) -> i
         raise IllegalState(f"job is {state.value}; retry is allowed only from FAILED")
     if new_max_bytes is None:
         return max_bytes
-    if not 1048576 <= new_max_bytes <= 1073741824:
+    if not MIN_MAX_BYTES <= new_max_bytes <= MAX_MAX_BYTES:
         raise InvalidInput(
-            f"--max-bytes {new_max_bytes} is out of range (allowed 1048576 (1MiB)..1073741824 "
-            "(1GiB))"
+            f"--max-bytes {new_max_bytes} is out of range (allowed {MIN_MAX_BYTES} "
+            f"({format_size(MIN_MAX_BYTES)})..{MAX_MAX_BYTES} ({format_size(MAX_MAX_BYTES)}))"
         )
     if new_max_bytes < max_bytes:
         raise InvalidInput(
             f"--max-bytes {new_max_bytes} is lower than the job's max_bytes {max_bytes} "
-            f"(allowed {max_bytes}..1073741824; a retry may only raise the budget)"
+            f"(allowed {max_bytes}..{MAX_MAX_BYTES}; a retry may only raise the budget)"
         )
     return new_max_bytes
 
@@ -219,7 +196,5 @@ def check_abandon(state: JobState, lease_until: datetime | None, now: datetime) 
 
 
 def check_expected_revision(actual: int, expected: int | None) -> None:
-    from orbit_tasks.errors import StaleRevision
-
     if expected is not None and expected != actual:
         raise StaleRevision(f"--expect-revision {expected} is stale (job revision is {actual})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from orbit_tasks.queues import ARCHIVE_QUEUE_PREFIX
+from orbit_tasks.queues import queue_name
 
 RUN_JOB_TASK = "orbit.archive.run_job"
 
@@ -34,13 +34,6 @@ def wakeup_label(storage_id: bytes, namespace_id: bytes, job_id: bytes, kind: st
     return "(" + ", ".join(parts) + ")"
 
 
-def queue_name(storage_id: bytes) -> str:
-    """``orbit.archive.<storage_hex>``: the queue consumed only by nodes mounting that volume."""
-    if len(storage_id) != 16:
-        raise ValueError(f"storage id must be 16 bytes, got {len(storage_id)}")
-    return ARCHIVE_QUEUE_PREFIX + storage_id.hex()
-
-
 def make_publisher(app: Any) -> Publisher:
     """A publisher bound to the Celery ``app`` (tests use an app on their own broker). The
     filesystem broker's folders are created by ``celeryconfig`` when the app is configured."""
@@ -60,6 +53,8 @@ def publish_wakeup(
     storage_id: bytes, namespace_id: bytes, job_id: bytes, *, kind: str = ""
 ) -> None:
     """Send one ``orbit.archive.run_job`` wake-up through the deployment's broker."""
+    # Imported here: the Celery app (~0.12 s) only when a wake-up is really sent; tests and
+    # `orbit archive tick` callers may pass their own publisher.
     from orbit_tasks.celery_app import app
 
     make_publisher(app)(storage_id, namespace_id, job_id, kind=kind)

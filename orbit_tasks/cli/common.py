@@ -14,11 +14,11 @@ from typing import Any
 
 import click
 
-from orbit_tasks.cli.errors import describe_error, describe_usage_error
+from orbit_tasks.error_lines import describe_error, describe_usage_error
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.units import parse_duration, parse_size
 
-log = logging.getLogger("orbit.cli")
+log = logging.getLogger("orbit.cli.common")
 
 
 def _refuse_usage(ctx: click.Context, exc: click.ClickException) -> None:
@@ -29,10 +29,10 @@ def _refuse_usage(ctx: click.Context, exc: click.ClickException) -> None:
 
 class OrbitGroup(click.Group):
     """The CLI's error boundary: every exception of a command becomes ONE line on stderr and its
-    exit code (SPEC §9; :func:`orbit_tasks.cli.errors.describe_error`). No traceback reaches an
+    exit code (SPEC §9; :func:`orbit_tasks.error_lines.describe_error`). No traceback reaches an
     operator; with ``ORBIT_LOG_LEVEL=DEBUG`` an unexpected one is logged with its traceback.
     Click's own usage errors (bad option values, missing options, unknown commands) become one
-    line too (:func:`orbit_tasks.cli.errors.describe_usage_error`), not click's usage block; a
+    line too (:func:`orbit_tasks.error_lines.describe_usage_error`), not click's usage block; a
     group called without its command still prints its help."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

@@ -1,10 +1,12 @@
-"""``orbit demo``: end to end on the embedded default (see ``orbit_tasks/demo.py``)."""
+"""``orbit demo``: end to end on the embedded default (see ``orbit_tasks/dev/demo.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
+
+from orbit_tasks.dev.demo import run_demo
 
 
 @click.command("demo")
@@ -19,8 +21,6 @@ import click
 )
 def demo_command(directory: Path) -> None:
     """Run the archive and the outbox sender end to end with no servers."""
-    from orbit_tasks.demo import run_demo
-
     run_demo(directory)
 
 

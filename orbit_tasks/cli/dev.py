@@ -13,7 +13,8 @@ import click
 from orbit_tasks.cli.common import emit, json_option
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
-from orbit_tasks.platform import generator, store
+from orbit_tasks.dev import generator
+from orbit_tasks.platform import store
 
 DEFAULT_QUEUE = "default"
 

@@ -16,10 +16,14 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive import job_store as store
-from orbit_tasks.archive import source
+from orbit_tasks.archive import claims
+from orbit_tasks.archive.engine.verify import export_roots, verify_job_dir
+from orbit_tasks.archive.engine.volume import job_dir, read_identity
+from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
-from orbit_tasks.archive.volume import job_dir, read_identity
+from orbit_tasks.archive.store import jobs as store
+from orbit_tasks.archive.store import source
+from orbit_tasks.archive.wakeups import publish_wakeup
 from orbit_tasks.cli.common import SIZE, emit, emit_list, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput
@@ -231,8 +235,6 @@ def job_abandon(ns: str, job: str, expect_revision: int | None, as_json: bool) -
 def _wake(j: Job) -> None:
     """Best effort: the next tick's sweep publishes the wake-up anyway."""
     try:
-        from orbit_tasks.archive.wakeups import publish_wakeup
-
         publish_wakeup(j.storage_id, j.namespace_id, j.id, kind=j.kind)
     except Exception as exc:  # broker unavailable
         log_action(log, "archive.job.wakeup_failed", logging.WARNING, error=type(exc).__name__)
@@ -248,32 +250,14 @@ def _job_volume(j: Job, volume: Path) -> Path:
     return job_dir(ident.path, j.namespace_id, j.id)
 
 
-def _expectation(j: Job) -> Any:
-    from orbit_tasks.archive.expectation import ChainExpectation
-
+def _expectation(j: Job) -> ChainExpectation:
     with platform_engine().connect() as conn:
         try:
             rng = store.job_range(conn, j)
             rng_tuple: Any = (rng.from_, rng.until)
         except JobFailure:
             rng_tuple = None
-    return ChainExpectation.from_job_row(
-        {
-            "namespace_id": j.namespace_id,
-            "id": j.id,
-            "kind": j.kind,
-            "storage_id": j.storage_id,
-            "batch_size": j.batch_size,
-            "plan_revision": j.plan_revision,
-            "policy_revision": j.policy_revision,
-            "batches": j.batches,
-            "roots": j.roots,
-            "bytes": j.bytes,
-            "last_sha256": j.last_sha256,
-            "state": j.state.value,
-        },
-        range=rng_tuple,
-    )
+    return claims.chain_expectation(j, complete=j.state is JobState.SUCCEEDED, range=rng_tuple)
 
 
 @job_group.command("verify")
@@ -283,8 +267,6 @@ def _expectation(j: Job) -> Any:
 @json_option
 def job_verify(ns: str, job: str, volume: Path, as_json: bool) -> None:
     """Full chain check of a job's files against its row; exit 1 names the first bad file."""
-    from orbit_tasks.archive.verify import verify_job_dir
-
     _, j = _load(ns, job)
     directory = _job_volume(j, volume)
     report = verify_job_dir(directory, _expectation(j))
@@ -316,8 +298,6 @@ def job_verify(ns: str, job: str, volume: Path, as_json: bool) -> None:
 @click.option("--volume", required=True, type=click.Path(path_type=Path))
 def job_export(ns: str, job: str, volume: Path) -> None:
     """Decoded roots with their children as JSON lines (the chain is verified first)."""
-    from orbit_tasks.archive.verify import export_roots
-
     _, j = _load(ns, job)
     directory = _job_volume(j, volume)
     for obj in export_roots(directory, _expectation(j)):

@@ -20,6 +20,7 @@ def metrics_group() -> None:
 def serve(host: str, port: int) -> None:
     """Serve /metrics in the Prometheus text format, read at scrape time (cached for
     ORBIT_METRICS_CACHE_SECONDS, each source bounded by ORBIT_METRICS_TIMEOUT_SECONDS)."""
+    # Imported here: the exporter and Celery (~0.5 s) cost every other `orbit` command.
     from orbit_tasks.celery_app import app
     from orbit_tasks.metrics import server
 

@@ -6,10 +6,12 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive import plan_store, schedule
+from orbit_tasks.archive import plans as schedule
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, json_option
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.errors import NotFound
 from orbit_tasks.ids import from_hex
 from orbit_tasks.platform.store import list_namespaces, resolve_namespace
 from orbit_tasks.settings import get_settings
@@ -166,8 +168,6 @@ def plan_show(ns: str, kind: str, as_json: bool) -> None:
         namespace = resolve_namespace(conn, ns)
         plan = plan_store.get_plan(conn, namespace.id, kind)
         if plan is None:
-            from orbit_tasks.errors import NotFound
-
             raise NotFound(f"namespace {namespace.name!r} has no {kind!r} plan")
         latest = plan_store.latest_policy_revision(conn, namespace.id, kind)
     data = _view(plan, namespace.name, latest, now)

@@ -22,17 +22,24 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
-from orbit_tasks.archive import job_store, restore_store
-from orbit_tasks.archive import restore as engine_restore
-from orbit_tasks.archive.fileformat import format_ts
-from orbit_tasks.archive.restore import EVERYTHING, BatchResult, JobArchive, JobResult, Window
-from orbit_tasks.archive.volume import read_identity
+from orbit_tasks.archive.engine.volume import read_identity
+from orbit_tasks.archive.format.values import format_ts
+from orbit_tasks.archive.restore import run as engine_restore
+from orbit_tasks.archive.restore import store as restore_store
+from orbit_tasks.archive.restore.run import (
+    EVERYTHING,
+    BatchResult,
+    JobArchive,
+    JobResult,
+    Window,
+)
+from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.archive import archive_group
 from orbit_tasks.cli.common import json_option
-from orbit_tasks.cli.errors import describe_operational_error
 from orbit_tasks.cli.job import job_group
 from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.error_lines import describe_operational_error
 from orbit_tasks.errors import InvalidInput, NotFound, OrbitError
 from orbit_tasks.ids import from_hex
 from orbit_tasks.platform.history import history_kind

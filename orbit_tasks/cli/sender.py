@@ -28,7 +28,7 @@ LIST_COLUMNS = [
     "task_id",
 ]
 
-logger = logging.getLogger("orbit.sender")
+logger = logging.getLogger("orbit.cli.sender")
 
 
 @click.group("sender")

@@ -27,10 +27,10 @@ import click
 from sqlalchemy.exc import DBAPIError
 
 from orbit_tasks import failpoints
-from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
 from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
-from orbit_tasks.cli.errors import describe_database_error
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.error_lines import describe_database_error
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store

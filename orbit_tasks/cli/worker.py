@@ -22,14 +22,13 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive.volume import read_identity
-from orbit_tasks.archive.wakeups import queue_name
+from orbit_tasks.archive.engine.volume import read_identity
 from orbit_tasks.cli.common import emit
 from orbit_tasks.db.registry import business_engine, platform_engine
 from orbit_tasks.db.schema_check import Chain, require_schema
 from orbit_tasks.errors import ConflictError, NotFound
 from orbit_tasks.platform import store
-from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE
+from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE, queue_name
 from orbit_tasks.settings import get_settings
 from orbit_tasks.start_checks import CHECKED_ENV, beat_chains, checked_marker
 

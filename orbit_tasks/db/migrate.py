@@ -42,7 +42,7 @@ from orbit_tasks.db.schema_check import (
 from orbit_tasks.errors import ConflictError
 from orbit_tasks.logs import log_action
 
-logger = logging.getLogger("orbit.db")
+logger = logging.getLogger("orbit.db.migrate")
 VERSION_TABLES = {chain: spec.version_table for chain, spec in CHAINS.items()}
 UPGRADE_LOCK_WAIT_SECONDS = 60
 

@@ -44,7 +44,7 @@ from orbit_tasks.logs import log_action
 
 Chain = Literal["platform", "business"]
 MIGRATIONS = Path(__file__).parent / "migrations"
-logger = logging.getLogger("orbit.db")
+logger = logging.getLogger("orbit.db.schema_check")
 
 
 class SchemaNotReady(OrbitError):
@@ -67,6 +67,8 @@ class ChainSpec:
 
     def head_metadata(self) -> MetaData:
         """The tables at the head revision: the live table modules."""
+        # Imported here: only the chain asked for is loaded (a business-only deployment never
+        # loads the platform's table modules, which register history kinds on import).
         if self.chain == "platform":
             from orbit_tasks.db import history_tables  # noqa: F401 - registers the sources
             from orbit_tasks.db.platform_tables import metadata
@@ -76,6 +78,7 @@ class ChainSpec:
 
     def baseline_metadata(self) -> MetaData:
         """The tables of the baseline revision, from its frozen copy."""
+        # Imported here: the frozen baseline copies are read only by upgrade/check of that chain.
         if self.chain == "platform":
             from orbit_tasks.db.migrations.platform.p0001_tables import metadata
         else:

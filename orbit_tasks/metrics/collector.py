@@ -27,7 +27,7 @@ from orbit_tasks.metrics.broker import BrokerSource
 from orbit_tasks.metrics.families import Snapshot, build
 from orbit_tasks.metrics.sources import BusinessSource, PlatformSource
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("orbit.metrics.collector")
 
 
 class SourceCall:

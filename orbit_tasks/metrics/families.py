@@ -16,14 +16,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from orbit_tasks.archive.jobs import ErrorCode, JobState
-from orbit_tasks.archive.wakeups import queue_name
-from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE
+from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE, queue_name
 from orbit_tasks.sender import policy
+from orbit_tasks.sender.policy import OutboxState
 
 SOURCES = ("platform_db", "business_db", "broker")
 JOB_STATES = tuple(s.value for s in JobState)
 OUTBOX_STATES = policy.STATES
-ACTIVE_OUTBOX_STATES = ("PENDING", "SENDING")
+ACTIVE_OUTBOX_STATES = (OutboxState.PENDING.value, OutboxState.SENDING.value)
 # SPEC §12: "PENDING or SENDING rows whose send deadline is less than 1 h away".
 NEAR_DEADLINE = dt.timedelta(hours=1)
 
@@ -114,7 +114,9 @@ def unserved(platform: PlatformReading, broker: BrokerReading) -> dict[bytes, in
     out = {}
     for storage in platform.storages:
         pending = sum(
-            n for (s, _kind, st), n in platform.jobs.items() if (s, st) == (storage, "PENDING")
+            n
+            for (s, _kind, st), n in platform.jobs.items()
+            if (s, st) == (storage, JobState.PENDING)
         )
         waiting = pending > 0 or platform.leases_expired.get(storage, 0) > 0
         served = broker.consumers.get(queue_name(storage), 0) > 0

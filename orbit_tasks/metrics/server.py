@@ -21,7 +21,7 @@ from orbit_tasks.metrics.collector import OrbitCollector
 from orbit_tasks.metrics.sources import BusinessSource, PlatformSource, bounded_engine
 from orbit_tasks.settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("orbit.metrics.server")
 
 
 def reply_window(timeout: float) -> float:

@@ -20,9 +20,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import make_url
 
+from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.db.engine import db_now, is_mysql, make_engine
 from orbit_tasks.metrics import store
 from orbit_tasks.metrics.families import NEAR_DEADLINE, BusinessReading, PlatformReading
+from orbit_tasks.sender.policy import OutboxState
 
 # Terminal jobs (SUCCEEDED, ABANDONED) never change again: counts up to a cut are recounted
 # with a scan of the jobs table only every RECOUNT_SECONDS, and each refresh adds the jobs that
@@ -159,11 +161,11 @@ def _assemble(
     for r in active:
         storage = bytes(r.storage_id)
         add((storage, r.kind, r.state), int(r.jobs), int(r.bytes or 0))
-        if r.state == "FAILED":
+        if r.state == JobState.FAILED:
             failed[(storage, r.error_code)] = failed.get((storage, r.error_code), 0) + int(r.jobs)
-        elif r.state == "RUNNING":
+        elif r.state == JobState.RUNNING:
             expired[storage] = expired.get(storage, 0) + int(r.expired or 0)
-        elif r.state == "PENDING":
+        elif r.state == JobState.PENDING:
             since = pending_since.get(storage)
             if since is None or r.oldest_updated_at < since:
                 pending_since[storage] = r.oldest_updated_at
@@ -204,7 +206,7 @@ class BusinessSource:
                 oldest = r.oldest_created_at
         for r in terminal:
             rows[r.state] = rows.get(r.state, 0) + int(r.rows)
-            if r.state == "REVIEW":
+            if r.state == OutboxState.REVIEW:
                 review[r.last_code] = review.get(r.last_code, 0) + int(r.rows)
         return BusinessReading(
             now=now, rows=rows, review=review, oldest_active_created=oldest, near_deadline=near

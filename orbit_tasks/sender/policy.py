@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import enum
 import hashlib
 import json
 import re
@@ -20,45 +21,69 @@ from orbit_tasks import json_document
 
 # --- codes -------------------------------------------------------------------------------------
 
-NEW = "NEW"
-ACCEPTED = "ACCEPTED"
-# retry later (PENDING, wake_at = backoff)
-NETWORK = "NETWORK"
-TIMEOUT = "TIMEOUT"
-UNAVAILABLE = "UNAVAILABLE"
-THROTTLED = "THROTTLED"
-IN_PROGRESS = "IN_PROGRESS"
-UNAUTHENTICATED = "UNAUTHENTICATED"
-# REVIEW (a person looks at it; `orbit sender requeue` puts it back)
-FORBIDDEN = "FORBIDDEN"
-QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
-REJECTED = "REJECTED"
-TOO_LARGE = "TOO_LARGE"
-IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
-PROTOCOL = "PROTOCOL"
-DIGEST_MISMATCH = "DIGEST_MISMATCH"
-QUEUE_FORBIDDEN = "QUEUE_FORBIDDEN"
-ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
-DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 
-RETRY_CODES = frozenset({NETWORK, TIMEOUT, UNAVAILABLE, THROTTLED, IN_PROGRESS, UNAUTHENTICATED})
-REVIEW_CODES = frozenset(
+class LastCode(enum.StrEnum):
+    """``last_code`` of an outbox row (like the archive's ``ErrorCode``)."""
+
+    NEW = "NEW"
+    ACCEPTED = "ACCEPTED"
+    # retry later (PENDING, wake_at = backoff)
+    NETWORK = "NETWORK"
+    TIMEOUT = "TIMEOUT"
+    UNAVAILABLE = "UNAVAILABLE"
+    THROTTLED = "THROTTLED"
+    IN_PROGRESS = "IN_PROGRESS"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    # REVIEW (a person looks at it; `orbit sender requeue` puts it back)
+    FORBIDDEN = "FORBIDDEN"
+    QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"
+    REJECTED = "REJECTED"
+    TOO_LARGE = "TOO_LARGE"
+    IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
+    PROTOCOL = "PROTOCOL"
+    DIGEST_MISMATCH = "DIGEST_MISMATCH"
+    QUEUE_FORBIDDEN = "QUEUE_FORBIDDEN"
+    ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+
+
+RETRY_CODES = frozenset(
     {
-        FORBIDDEN,
-        QUEUE_NOT_FOUND,
-        REJECTED,
-        TOO_LARGE,
-        IDEMPOTENCY_CONFLICT,
-        PROTOCOL,
-        DIGEST_MISMATCH,
-        QUEUE_FORBIDDEN,
-        ATTEMPTS_EXHAUSTED,
-        DEADLINE_EXCEEDED,
+        LastCode.NETWORK,
+        LastCode.TIMEOUT,
+        LastCode.UNAVAILABLE,
+        LastCode.THROTTLED,
+        LastCode.IN_PROGRESS,
+        LastCode.UNAUTHENTICATED,
     }
 )
-ALL_CODES = frozenset({NEW, ACCEPTED}) | RETRY_CODES | REVIEW_CODES
+REVIEW_CODES = frozenset(
+    {
+        LastCode.FORBIDDEN,
+        LastCode.QUEUE_NOT_FOUND,
+        LastCode.REJECTED,
+        LastCode.TOO_LARGE,
+        LastCode.IDEMPOTENCY_CONFLICT,
+        LastCode.PROTOCOL,
+        LastCode.DIGEST_MISMATCH,
+        LastCode.QUEUE_FORBIDDEN,
+        LastCode.ATTEMPTS_EXHAUSTED,
+        LastCode.DEADLINE_EXCEEDED,
+    }
+)
+ALL_CODES = frozenset({LastCode.NEW, LastCode.ACCEPTED}) | RETRY_CODES | REVIEW_CODES
 
-STATES = ("PENDING", "SENDING", "ACCEPTED", "REVIEW")
+
+class OutboxState(enum.StrEnum):
+    """``state`` of an outbox row (like the archive's ``JobState``)."""
+
+    PENDING = "PENDING"
+    SENDING = "SENDING"
+    ACCEPTED = "ACCEPTED"
+    REVIEW = "REVIEW"
+
+
+STATES = tuple(s.value for s in OutboxState)
 MAX_SENDS = 100
 SEND_WINDOW = dt.timedelta(hours=24)
 
@@ -104,15 +129,15 @@ def too_late_to_send(now: dt.datetime, deadline: dt.datetime) -> bool:
 def claim_guard(now: dt.datetime, send_count: int, deadline: dt.datetime) -> str | None:
     """The REVIEW code a due row gets instead of a claim, or None when it may be claimed."""
     if deadline_passed(now, deadline):
-        return DEADLINE_EXCEEDED
+        return LastCode.DEADLINE_EXCEEDED
     if send_count >= MAX_SENDS:
-        return ATTEMPTS_EXHAUSTED
+        return LastCode.ATTEMPTS_EXHAUSTED
     return None
 
 
 def requeue_refusal(now: dt.datetime, state: str, send_count: int, deadline: dt.datetime) -> str:
     """Why a row may not be requeued ("" when it may)."""
-    if state != "REVIEW":
+    if state != OutboxState.REVIEW:
         return f"state is {state}; only REVIEW rows can be requeued"
     if deadline_passed(now, deadline):
         return f"send deadline {deadline.isoformat()}Z has passed (now {now.isoformat()}Z)"
@@ -148,7 +173,7 @@ def _review(code: str) -> Outcome:
 
 def classify_transport(kind: Literal["network", "timeout"]) -> Outcome:
     """No HTTP response: a connection error or a timeout (either may follow a commit)."""
-    return _retry(TIMEOUT if kind == "timeout" else NETWORK)
+    return _retry(LastCode.TIMEOUT if kind == "timeout" else LastCode.NETWORK)
 
 
 def _no_constants(name: str) -> Any:
@@ -225,33 +250,35 @@ def classify_response(
         if status in (200, 201):
             found = valid_receipt(body, namespace_id, queue_id, key)
             if found is not None:
-                return Outcome("accepted", ACCEPTED, task_id=found[0], receipt_json=found[1])
-        return _review(PROTOCOL)
+                return Outcome(
+                    "accepted", LastCode.ACCEPTED, task_id=found[0], receipt_json=found[1]
+                )
+        return _review(LastCode.PROTOCOL)
     if status == 401:
-        return _retry(UNAUTHENTICATED, retry_after)
+        return _retry(LastCode.UNAUTHENTICATED, retry_after)
     if status == 403:
-        return _review(FORBIDDEN)
+        return _review(LastCode.FORBIDDEN)
     if status == 404:
-        return _review(QUEUE_NOT_FOUND)
+        return _review(LastCode.QUEUE_NOT_FOUND)
     if status == 413:
-        return _review(TOO_LARGE)
+        return _review(LastCode.TOO_LARGE)
     if status == 429:
-        return _retry(THROTTLED, retry_after)
+        return _retry(LastCode.THROTTLED, retry_after)
     if status in (408, 425) or 500 <= status < 600:
-        return _retry(UNAVAILABLE, retry_after)
+        return _retry(LastCode.UNAVAILABLE, retry_after)
     if status == 409:
         if _error_code(body) == "request_in_progress":
-            return _retry(IN_PROGRESS, retry_after)
+            return _retry(LastCode.IN_PROGRESS, retry_after)
         # Any other 409 on this endpoint is a key clash: never retried blindly.
-        return _review(IDEMPOTENCY_CONFLICT)
+        return _review(LastCode.IDEMPOTENCY_CONFLICT)
     if status == 422:
         if _error_code(body) == "idempotency_conflict":
-            return _review(IDEMPOTENCY_CONFLICT)
-        return _review(REJECTED)
+            return _review(LastCode.IDEMPOTENCY_CONFLICT)
+        return _review(LastCode.REJECTED)
     if 400 <= status < 500:
-        return _review(REJECTED)
+        return _review(LastCode.REJECTED)
     # 1xx/3xx (redirects are not followed) or nonsense: the platform did not speak the protocol.
-    return _review(PROTOCOL)
+    return _review(LastCode.PROTOCOL)
 
 
 # --- backoff -----------------------------------------------------------------------------------
@@ -301,10 +328,10 @@ def after_retryable(
     """(wake_at, None) for another try, or (None, REVIEW code) when no further try is allowed:
     the 100th send was the last (``ATTEMPTS_EXHAUSTED``) or no try fits before the deadline."""
     if send_count >= MAX_SENDS:
-        return None, ATTEMPTS_EXHAUSTED
+        return None, LastCode.ATTEMPTS_EXHAUSTED
     wake = next_wake(now, deadline, send_count, rng, retry_after)
     if wake is None:
-        return None, DEADLINE_EXCEEDED
+        return None, LastCode.DEADLINE_EXCEEDED
     return wake, None
 
 
@@ -327,9 +354,9 @@ def presend_check(
     The key is part of the frozen request: a key that is not ``"op-" + operation_id`` (changed in
     the database) is never sent, like a body that no longer matches its digest."""
     if digest(request_json) != stored_digest or key != idempotency_key(operation_id):
-        return DIGEST_MISMATCH
+        return LastCode.DIGEST_MISMATCH
     if row_namespace != identity_namespace:
         return ""
     if row_queue not in identity_queues:
-        return QUEUE_FORBIDDEN
+        return LastCode.QUEUE_FORBIDDEN
     return None

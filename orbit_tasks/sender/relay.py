@@ -33,7 +33,7 @@ from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassSta
 
 __all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
-logger = logging.getLogger("orbit.sender")
+logger = logging.getLogger("orbit.sender.relay")
 
 SWEEP_LIMIT = 500
 # The claim guards catch due rows of claimable queues at once; the sweep is for the rest (rows no
@@ -237,7 +237,7 @@ class Relay:
             return Sent(owned, "review", code=check)
         elapsed = dt.timedelta(seconds=self.monotonic() - owned.mono)
         if policy.too_late_to_send(row.claimed_at + elapsed, row.send_deadline_at):
-            return Sent(owned, "review", code=policy.DEADLINE_EXCEEDED)
+            return Sent(owned, "review", code=policy.LastCode.DEADLINE_EXCEEDED)
         if row.claimed_at + elapsed + dt.timedelta(seconds=self.timeout_seconds) >= row.lease_until:
             # Too little lease left for one bounded send: give it back unsent.
             return Sent(owned, "release", reason="lease_short")

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
 from orbit_tasks.db.engine import db_now, is_mysql
 from orbit_tasks.sender import policy
+from orbit_tasks.sender.policy import OutboxState
 
 o = sender_outbox
 j = sender_jobs
@@ -113,12 +114,12 @@ def insert_entry(
             idempotency_key=policy.idempotency_key(operation_id),
             request_json=request_json,
             request_digest=request_digest,
-            state="PENDING",
+            state=OutboxState.PENDING,
             send_count=0,
             lease_epoch=0,
             wake_at=now,
             send_deadline_at=now + policy.SEND_WINDOW,
-            last_code=policy.NEW,
+            last_code=policy.LastCode.NEW,
             task_id=None,
             receipt_json=None,
             created_at=now,
@@ -176,7 +177,7 @@ def guard_to_review(conn: Connection, c: Candidate, code: str, now: dt.datetime)
     result = conn.execute(
         update(o)
         .where(_seen(c, now))
-        .values(state="REVIEW", wake_at=None, last_code=code, updated_at=now)
+        .values(state=OutboxState.REVIEW, wake_at=None, last_code=code, updated_at=now)
     )
     return result.rowcount == 1
 
@@ -213,7 +214,7 @@ def _claim_page(n: int) -> Any:
         .values(
             send_count=o.c.send_count + 1,
             lease_epoch=o.c.lease_epoch + 1,
-            state="SENDING",
+            state=OutboxState.SENDING,
             wake_at=bindparam("until", type_=o.c.wake_at.type),
             updated_at=bindparam("now", type_=o.c.wake_at.type),
         )
@@ -273,7 +274,7 @@ def _mine(row: Claimed) -> Any:
         o.c.namespace_id == row.namespace_id,
         o.c.operation_id == row.operation_id,
         o.c.lease_epoch == row.lease_epoch,
-        o.c.state == "SENDING",
+        o.c.state == OutboxState.SENDING,
     )
 
 
@@ -304,11 +305,11 @@ def _accept_page(n: int) -> tuple[Any, Any]:
 
     outbox = (
         update(o)
-        .where(o.c.namespace_id == bindparam("ns"), mine, o.c.state == "SENDING")
+        .where(o.c.namespace_id == bindparam("ns"), mine, o.c.state == OutboxState.SENDING)
         .values(
-            state="ACCEPTED",
+            state=OutboxState.ACCEPTED,
             wake_at=None,
-            last_code=policy.ACCEPTED,
+            last_code=policy.LastCode.ACCEPTED,
             task_id=by_op(o.c.operation_id, "tid", o.c.task_id.type),
             receipt_json=by_op(o.c.operation_id, "rec", o.c.receipt_json.type),
             updated_at=bindparam("now", type_=o.c.updated_at.type),
@@ -357,7 +358,7 @@ def write_retry(
     result = conn.execute(
         update(o)
         .where(_mine(row))
-        .values(state="PENDING", wake_at=wake_at, last_code=code, updated_at=now)
+        .values(state=OutboxState.PENDING, wake_at=wake_at, last_code=code, updated_at=now)
     )
     return result.rowcount == 1
 
@@ -367,7 +368,7 @@ def write_review(conn: Connection, row: Claimed, code: str, now: dt.datetime) ->
     result = conn.execute(
         update(o)
         .where(_mine(row))
-        .values(state="REVIEW", wake_at=None, last_code=code, updated_at=now)
+        .values(state=OutboxState.REVIEW, wake_at=None, last_code=code, updated_at=now)
     )
     return result.rowcount == 1
 
@@ -375,7 +376,7 @@ def write_review(conn: Connection, row: Claimed, code: str, now: dt.datetime) ->
 def release(conn: Connection, row: Claimed, now: dt.datetime) -> bool:
     """Give an unsent claim back (PENDING, due now, ``last_code`` unchanged)."""
     result = conn.execute(
-        update(o).where(_mine(row)).values(state="PENDING", wake_at=now, updated_at=now)
+        update(o).where(_mine(row)).values(state=OutboxState.PENDING, wake_at=now, updated_at=now)
     )
     return result.rowcount == 1
 
@@ -440,9 +441,9 @@ def sweep_deadlines(conn: Connection, now: dt.datetime, limit: int) -> int:
                     o.c.send_deadline_at <= now,
                 )
                 .values(
-                    state="REVIEW",
+                    state=OutboxState.REVIEW,
                     wake_at=None,
-                    last_code=policy.DEADLINE_EXCEEDED,
+                    last_code=policy.LastCode.DEADLINE_EXCEEDED,
                     updated_at=now,
                 )
             )
@@ -498,11 +499,11 @@ def requeue(conn: Connection, row: Any, now: dt.datetime) -> bool:
         .where(
             o.c.namespace_id == row.namespace_id,
             o.c.operation_id == row.operation_id,
-            o.c.state == "REVIEW",
+            o.c.state == OutboxState.REVIEW,
             o.c.lease_epoch == row.lease_epoch,
             o.c.send_count < policy.MAX_SENDS,
             o.c.send_deadline_at > now,
         )
-        .values(state="PENDING", wake_at=now, updated_at=now)
+        .values(state=OutboxState.PENDING, wake_at=now, updated_at=now)
     )
     return result.rowcount == 1

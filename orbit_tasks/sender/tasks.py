@@ -16,8 +16,8 @@ from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import TransientError
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender.client import PlatformClient
-from orbit_tasks.sender.limits import pass_limits
 from orbit_tasks.sender.relay import PassStats, Relay
+from orbit_tasks.sender_limits import pass_limits
 from orbit_tasks.settings import get_settings
 
 logger = logging.getLogger("orbit.sender.tasks")

@@ -19,8 +19,8 @@ from sqlalchemy import Engine, Table, func, select, text
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events, idempotency_records, tasks
 from orbit_tasks.platform import store as ps
-from tests.api_server import ApiServer, running_api_server
-from tests.dbutil import mariadb_database, migrated_engine
+from tests.support.api_server import ApiServer, running_api_server
+from tests.support.db import mariadb_database, migrated_engine
 
 pytestmark = pytest.mark.mariadb
 
@@ -623,8 +623,8 @@ def test_readiness_follows_the_database_liveness_does_not(tmp_path: Path) -> Non
     MariaDB through a TCP hop that the test cuts (connections reset, new ones refused)."""
     from urllib.parse import urlsplit
 
-    from tests.api_server import tcp_forwarder
-    from tests.dbutil import MARIADB_SERVER_URL
+    from tests.support.api_server import tcp_forwarder
+    from tests.support.db import MARIADB_SERVER_URL
 
     server = urlsplit(MARIADB_SERVER_URL.replace("mysql+mysqldb", "mysql"))
     with (

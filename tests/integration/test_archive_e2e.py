@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select, text
 
-from orbit_tasks.archive import job_store, runner, source
+from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import source
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     archive_env,
     assert_succeeded_exactly,
     cli_json,
@@ -72,7 +74,8 @@ def test_read_ahead_children_query_walks_the_settled_index_into_the_primary_key(
     from datetime import datetime, timedelta
 
     from orbit_tasks.db.engine import db_now
-    from orbit_tasks.platform import generator, store
+    from orbit_tasks.dev import generator
+    from orbit_tasks.platform import store
 
     with platform_engine.begin() as conn:
         ns = store.create_namespace(conn, "explain-children")
@@ -267,7 +270,7 @@ def _seed_in_next_range(
 
     from sqlalchemy import insert
 
-    from orbit_tasks.platform import generator
+    from orbit_tasks.dev import generator
 
     with ae.engine.connect() as conn:
         prev_until = job_store.job_range(conn, previous).until
@@ -292,7 +295,7 @@ def _seed_in_next_range(
 def test_worker_archive_verifies_volumes_before_starting(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path
 ) -> None:
-    from orbit_tasks.archive.volume import write_identity
+    from orbit_tasks.archive.engine.volume import write_identity
     from orbit_tasks.ids import new_id
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:

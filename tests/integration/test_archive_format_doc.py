@@ -9,11 +9,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format import values as fv
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.integration.restore_support import FIXTURE, fixture_rows
-from tests.unit.archive_chain_helpers import UNTIL, build_chain, manifest
+from tests.support.archive_chain import UNTIL, build_chain, manifest
+from tests.support.restore import FIXTURE, fixture_rows
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "archive-format.md"
 
@@ -64,7 +64,7 @@ def test_the_documented_script_verifies_format_1_and_2(tmp_path: Path) -> None:
     assert done.returncode == 1 and done.stdout.startswith(f"BAD {chain.name(2)}:"), done.stdout
 
     empty = manifest(roots_total=0, range_from=UNTIL, range_until=UNTIL)
-    sha = ff.sha256_hex(empty)
+    sha = fv.sha256_hex(empty)
     only = _write([(file_names.manifest_name(sha), empty)], tmp_path / "empty")
     done = _run(script, only, sha)
     assert done.returncode == 0 and done.stdout.startswith("ok: 0 batches, 0 roots"), done.stdout

@@ -13,7 +13,6 @@ import json
 import os
 import random
 import subprocess
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -21,19 +20,23 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from orbit_tasks.archive import job_store, plan_store, runner
-from orbit_tasks.archive.expectation import ChainExpectation
-from orbit_tasks.archive.fileformat import format_ts
+from orbit_tasks.archive import claims
+from orbit_tasks.archive.engine import runner
+from orbit_tasks.archive.engine.verify import export_roots
+from orbit_tasks.archive.engine.volume import job_dir
+from orbit_tasks.archive.format.expectation import ChainExpectation
+from orbit_tasks.archive.format.values import format_ts
 from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.archive.verify import export_roots
-from orbit_tasks.archive.volume import job_dir
-from orbit_tasks.db.engine import db_now, make_engine
-from orbit_tasks.platform import generator, store
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.dev import generator
+from orbit_tasks.platform import store
 from orbit_tasks.platform.history import HISTORY_KINDS
 from orbit_tasks.settings import Settings, load_settings
 from orbit_tasks.units import parse_duration
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     ORBIT,
     REPO,
     make_due,
@@ -48,12 +51,8 @@ HK = HISTORY_KINDS[KIND]
 
 
 @pytest.fixture
-def engine(any_platform_url: str) -> Iterator[Engine]:
-    eng = make_engine(any_platform_url)
-    try:
-        yield eng
-    finally:
-        eng.dispose()
+def engine(any_platform_engine: Engine) -> Engine:
+    return any_platform_engine
 
 
 def _settings(url: str, tmp: Path) -> Settings:
@@ -85,7 +84,7 @@ def _seed_at(engine: Engine, ns: bytes, q: bytes, settled: list[datetime], seed:
 def _expectation(engine: Engine, job: Job) -> ChainExpectation:
     with engine.connect() as conn:
         rng = job_store.job_range(conn, job)
-    expect = job_store.chain_expectation(job, complete=job.state is JobState.SUCCEEDED)
+    expect = claims.chain_expectation(job, complete=job.state is JobState.SUCCEEDED)
     return replace(expect, range=(rng.from_, rng.until))
 
 

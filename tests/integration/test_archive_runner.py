@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from orbit_tasks.archive import file_names, leftovers, runner, verify
-from orbit_tasks.archive import fileformat as ff
+from orbit_tasks.archive.engine import leftovers, runner, verify
+from orbit_tasks.archive.engine.volume import job_dir, write_job_file
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.jobs import JobState
-from orbit_tasks.archive.volume import job_dir, write_job_file
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_chain import build_chain, record
+from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
     assert_succeeded_exactly,
@@ -34,7 +36,6 @@ from tests.integration.archive_jobs_support import (
     make_volume,
     seed,
 )
-from tests.unit.archive_chain_helpers import build_chain, record
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
@@ -133,7 +134,7 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
 def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
     ae: ArchiveEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orbit_tasks.archive import job_store
+    from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.db.engine import FixedClock, db_now
 
     ns, q = make_namespace(ae.engine, "takeover")
@@ -222,7 +223,7 @@ def test_a_value_that_cannot_be_encoded_fails_only_after_the_files_before_it(
     from orbit_tasks.db.engine import make_engine
     from orbit_tasks.db.history_tables import tasks
     from orbit_tasks.settings import load_settings
-    from tests.dbutil import migrated_engine
+    from tests.support.db import migrated_engine
 
     url = f"sqlite:///{tmp_path / 'platform.sqlite3'}"
     with migrated_engine(url, "platform"):
@@ -255,7 +256,7 @@ def test_a_value_that_cannot_be_encoded_fails_only_after_the_files_before_it(
         )  # fmt: skip
         assert out == "failed"
         with engine.connect() as conn:
-            from orbit_tasks.archive import job_store
+            from orbit_tasks.archive.store import jobs as job_store
 
             failed = job_store.require_job(conn, ns, bytes.fromhex(job_hex))
         assert failed.error_code == "SOURCE_INVALID"

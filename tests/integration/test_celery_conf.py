@@ -17,8 +17,8 @@ import pytest
 import redis
 from celery.app.defaults import DEFAULTS
 
-from tests.cli_support import ORBIT, REPO
-from tests.dbutil import redis_url
+from tests.support.cli import ORBIT, REPO
+from tests.support.db import redis_url
 
 pytestmark = pytest.mark.redis
 

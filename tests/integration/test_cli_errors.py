@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity
+from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.platform_tables import archive_storages
-from tests.cli_support import ORBIT, REPO, assert_one_line_error, orbit_env, run_orbit
-from tests.dbutil import mariadb_database, migrated_engine, server_engine
-from tests.fs_support import full_tmpfs, small_tmpfs
+from tests.support.cli import ORBIT, REPO, assert_one_line_error, orbit_env, run_orbit
+from tests.support.db import mariadb_database, migrated_engine, server_engine
+from tests.support.fs import full_tmpfs, small_tmpfs
 
 # Spare ports of this worktree's test range: nothing listens there (a database that is down).
 DEAD_MYSQL = "mysql+mysqldb://root@127.0.0.1:6431/orbit"
@@ -307,7 +307,7 @@ def test_demo_refuses_to_empty_a_directory_it_did_not_make(tmp_path: Path) -> No
 
 
 def test_demo_directory_of_an_earlier_demo_is_emptied(tmp_path: Path) -> None:
-    from orbit_tasks.demo import DEMO_MARKER, prepare_dir
+    from orbit_tasks.dev.demo import DEMO_MARKER, prepare_dir
 
     fresh = tmp_path / "a" / "demo"
     prepare_dir(fresh)

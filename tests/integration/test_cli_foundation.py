@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import (
@@ -24,7 +24,7 @@ from orbit_tasks.db.platform_tables import (
 )
 from orbit_tasks.ids import from_hex, new_id
 from orbit_tasks.platform import store
-from tests.cli_support import invoke_items, invoke_json, invoke_orbit, orbit_env, run_orbit
+from tests.support.cli import invoke_items, invoke_json, invoke_orbit, orbit_env, run_orbit
 
 HEX32 = 32
 

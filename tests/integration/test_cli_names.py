@@ -18,8 +18,8 @@ from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import namespaces, queues
 from orbit_tasks.ids import new_id
-from tests.cli_support import assert_one_line_error, orbit_env, run_orbit
-from tests.dbutil import migrated_engine
+from tests.support.cli import assert_one_line_error, orbit_env, run_orbit
+from tests.support.db import migrated_engine
 
 
 @pytest.fixture

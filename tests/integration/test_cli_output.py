@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.cli_support import ORBIT, REPO, invoke_json, orbit_env, run_orbit
-from tests.dbutil import migrated_engine
+from tests.support.cli import ORBIT, REPO, invoke_json, orbit_env, run_orbit
+from tests.support.db import migrated_engine
 
 
 @dataclass

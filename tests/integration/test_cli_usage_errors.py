@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import assert_one_line_error, invoke_orbit, orbit_env, run_orbit
+from tests.support.cli import assert_one_line_error, invoke_orbit, orbit_env, run_orbit
 
 J = "0" * 32  # a well-formed job id: the option is refused before anything looks it up
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from orbit_tasks.archive.expectation import ChainExpectation
-from orbit_tasks.archive.verify import verify_job_dir
-from orbit_tasks.archive.volume import job_dir
+from orbit_tasks.archive.engine.verify import verify_job_dir
+from orbit_tasks.archive.engine.volume import job_dir
+from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.history_tables import tasks

@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from orbit_tasks.db.engine import db_now, make_engine
+from orbit_tasks.dev import generator
 from orbit_tasks.errors import InvalidInput
-from orbit_tasks.platform import generator, store
+from orbit_tasks.platform import store
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.cli_support import invoke_json, invoke_orbit, orbit_env
+from tests.support.cli import invoke_json, invoke_orbit, orbit_env
 
 ROOTS = 200
 CHILDREN = 3

@@ -23,9 +23,8 @@ from sqlalchemy import Engine
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.tick import run_tick
 from orbit_tasks.platform import store as platform_store
-from tests.api_server import running_api_server
-from tests.dbutil import mariadb_database, migrated_engine
-from tests.integration.archive_jobs_support import (
+from tests.support.api_server import running_api_server
+from tests.support.archive_jobs import (
     archive_env,
     make_namespace,
     make_plan,
@@ -33,8 +32,9 @@ from tests.integration.archive_jobs_support import (
     seed,
     wait_for,
 )
-from tests.integration.test_flower import ORBIT, started
-from tests.sender_support import REDIS_URL, celery_env, enqueue_many, open_count
+from tests.support.db import mariadb_database, migrated_engine
+from tests.support.processes import ORBIT, started
+from tests.support.sender import REDIS_URL, celery_env, enqueue_many, open_count
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 

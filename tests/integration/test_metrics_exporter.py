@@ -16,14 +16,12 @@ import pytest
 from sqlalchemy import Engine, text, update
 
 from orbit_tasks.archive.jobs import JobState
-from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.db.business_tables import sender_outbox
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.platform_tables import archive_plans
+from orbit_tasks.queues import queue_name
 from orbit_tasks.sender import enqueue
-from tests.cli_support import run_orbit
-from tests.dbutil import mariadb_database, migrated_engine, redis_url
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     archive_env,
     create_job,
     make_namespace,
@@ -32,8 +30,10 @@ from tests.integration.archive_jobs_support import (
     seed,
     wait_state,
 )
-from tests.metrics_support import extra_redis, names, running_exporter, series, value
-from tests.tcp_proxy import tcp_proxy
+from tests.support.cli import run_orbit
+from tests.support.db import mariadb_database, migrated_engine, redis_url
+from tests.support.metrics import extra_redis, names, running_exporter, series, value
+from tests.support.tcp_proxy import tcp_proxy
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 

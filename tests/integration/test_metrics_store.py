@@ -31,9 +31,9 @@ from orbit_tasks.metrics.families import Snapshot, build
 from orbit_tasks.metrics.sources import BusinessSource, PlatformSource, bounded_engine
 from orbit_tasks.sender import enqueue
 from orbit_tasks.sender import store as sender_store
-from tests.cli_support import orbit_env, run_orbit
-from tests.dbutil import mariadb_database, migrated_engine, redis_url
-from tests.metrics_support import HTTP_PORTS, free_port, parse, series, value
+from tests.support.cli import orbit_env, run_orbit
+from tests.support.db import mariadb_database, migrated_engine, redis_url
+from tests.support.metrics import HTTP_PORTS, free_port, parse, series, value
 
 pytestmark = [pytest.mark.mariadb]
 

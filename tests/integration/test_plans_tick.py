@@ -19,18 +19,20 @@ from celery import Celery
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, func, insert, select, text, update
 
-from orbit_tasks.archive import plan_store, schedule
+from orbit_tasks.archive import plans as schedule
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.archive.wakeups import Publisher, make_publisher, queue_name
+from orbit_tasks.archive.wakeups import Publisher, make_publisher
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevision
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
+from orbit_tasks.queues import queue_name
 from orbit_tasks.settings import Settings, load_settings
-from tests import tick_support
-from tests.dbutil import migrated_engine, redis_url
+from tests.support import tick as tick_support
+from tests.support.db import migrated_engine, redis_url
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = redis_url(2)
@@ -802,7 +804,7 @@ def test_the_tick_task_with_the_database_down_is_one_warning_and_no_traceback(
     """The Celery task (run through Celery's tracer, as a worker runs it): the tick's one
     WARNING line, and Celery's own line about the task without a traceback or ERROR level."""
     from orbit_tasks.archive import tasks
-    from tests.cli_support import _reset_process_state
+    from tests.support.cli import _reset_process_state
 
     monkeypatch.setenv("ORBIT_DATABASE_URL", "mysql+mysqldb://root@127.0.0.1:1/nothing")
     _reset_process_state()

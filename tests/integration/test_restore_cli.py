@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, delete, func, inspect, select, text, update
 
-from orbit_tasks.archive import job_store, restore_store, runner, source
+from orbit_tasks.archive.engine import runner
+from orbit_tasks.archive.engine.volume import job_dir
 from orbit_tasks.archive.jobs import Job
-from orbit_tasks.archive.volume import job_dir
+from orbit_tasks.archive.restore import store as restore_store
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.history_tables import task_attempts, tasks
 from orbit_tasks.db.migrate import upgrade
-from orbit_tasks.platform import generator
+from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.cli_support import assert_one_line_error, orbit_env, run_orbit
-from tests.dbutil import mariadb_database
-from tests.fs_support import small_tmpfs
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
     make_due,
@@ -35,7 +35,10 @@ from tests.integration.archive_jobs_support import (
     make_plan,
     make_volume,
 )
-from tests.integration.restore_support import (
+from tests.support.cli import assert_one_line_error, orbit_env, run_orbit
+from tests.support.db import mariadb_database
+from tests.support.fs import small_tmpfs
+from tests.support.restore import (
     assert_rows_identical,
     reflected_rows,
     source_rows,
@@ -353,7 +356,7 @@ def test_restore_queries_use_their_indexes(platform_engine: Engine) -> None:
     """The jobs page on ix_archive_job_list; the existing-row reads of one full batch on the
     primary key of the root and child tables (here an `orbit db upgrade`'d database; tables made
     by restore have the same primary keys: tests/unit/test_table_schema.py)."""
-    from orbit_tasks.archive.table_schema import schema_of
+    from orbit_tasks.archive.format.tables import schema_of
 
     ns, queue = make_namespace(platform_engine, "plans")
     seed_settled(platform_engine, ns, queue, 2000, days=30)  # a plan needs rows to choose from
@@ -361,7 +364,7 @@ def test_restore_queries_use_their_indexes(platform_engine: Engine) -> None:
     q = restore_store.succeeded_jobs_query(ns, "tasks", (t, ns), 500)
     checks = [(q, "ix_archive_job_list")]
     doc = {"format": "orbit-archive/2", "kind": "tasks"}
-    from orbit_tasks.archive.fileformat import source_descriptor
+    from orbit_tasks.archive.format.manifest import source_descriptor
 
     schema = schema_of({**doc, "source": source_descriptor(HISTORY_KINDS["tasks"])})
     with platform_engine.connect() as conn:  # one full batch (batch_size <= 100) of real ids
@@ -398,7 +401,7 @@ def test_a_file_changed_after_verification_stops_the_restore(
 ) -> None:
     """Files are re-hashed and re-linked while read: a batch altered between the verification
     and its turn stops the restore there, naming the file (earlier batches stay written)."""
-    from orbit_tasks.archive import restore
+    from orbit_tasks.archive.restore import run as restore
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
         job, vol = _tasks_job(ae, tmp_path)

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import Engine
 
 from orbit_tasks.db.engine import make_engine
-from tests.cli_support import orbit_env, run_orbit
-from tests.dbutil import mariadb_database
-from tests.integration.restore_support import (
+from tests.support.cli import orbit_env, run_orbit
+from tests.support.db import mariadb_database
+from tests.support.restore import (
     assert_rows_identical,
     fixture_rows,
     install_format1_fixture,

@@ -13,16 +13,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, insert
 
-from orbit_tasks.archive import job_store, source
+from orbit_tasks.archive.engine.volume import job_dir
 from orbit_tasks.archive.jobs import Job, JobState
-from orbit_tasks.archive.volume import job_dir
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.history_tables import task_attempts, tasks
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.cli_support import orbit_env, run_orbit
-from tests.dbutil import mariadb_database, migrated_engine
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     archive_env,
     assert_succeeded_exactly,
     make_namespace,
@@ -31,7 +30,9 @@ from tests.integration.archive_jobs_support import (
     seed,
     wait_state,
 )
-from tests.integration.restore_support import (
+from tests.support.cli import orbit_env, run_orbit
+from tests.support.db import mariadb_database, migrated_engine
+from tests.support.restore import (
     assert_rows_identical,
     column_shapes,
     reflected_rows,
@@ -167,7 +168,7 @@ def test_restored_children_keep_their_order_and_nulls(
 ) -> None:
     """In-process archive (no worker): the child table with NULL columns (finished_at of
     attempts, status_code of delivery attempts) comes back exactly, also into SQLite."""
-    from orbit_tasks.archive import runner
+    from orbit_tasks.archive.engine import runner
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
         ns, queue = make_namespace(platform_engine, "nulls")

@@ -19,9 +19,9 @@ from orbit_tasks.db.business_tables import metadata as business_metadata
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import UpgradeResult, upgrade
 from orbit_tasks.sender import enqueue
-from tests.cli_support import invoke_orbit, orbit_env, run_orbit
-from tests.dbutil import mariadb_database
-from tests.schema_support import load_seed, mariadb_snapshot
+from tests.support.cli import invoke_orbit, orbit_env, run_orbit
+from tests.support.db import mariadb_database
+from tests.support.schema import load_seed, mariadb_snapshot
 
 NS, QUEUE = "0" * 31 + "1", "0" * 31 + "2"
 PLAN_ROW = """INSERT INTO orbit_archive_plans (namespace_id, kind, policy_revision, storage_id,

@@ -12,8 +12,8 @@ from sqlalchemy import Engine, text
 
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import render_sql, upgrade
-from tests.dbutil import mariadb_database
-from tests.schema_support import REPO, SEEDS, UPSTREAM, load_seed
+from tests.support.db import mariadb_database
+from tests.support.schema import REPO, SEEDS, UPSTREAM, load_seed
 
 PLATFORM = ("orbit_archive_plans", "orbit_archive_jobs")
 BUSINESS = ("sender_outbox", "sender_jobs")

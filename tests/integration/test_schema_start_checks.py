@@ -19,12 +19,12 @@ from celery import Celery
 from sqlalchemy import Engine, inspect, text
 
 from orbit_tasks.db.engine import make_engine
-from tests import sender_support
-from tests.api_server import free_port
-from tests.cli_support import ORBIT, REPO, orbit_env, run_orbit
-from tests.dbutil import mariadb_database, migrated_engine, redis_url
-from tests.schema_support import load_seed
-from tests.sender_support import World, check_invariants, enqueue_many, open_count
+from tests.support import sender as sender_support
+from tests.support.api_server import free_port
+from tests.support.cli import ORBIT, REPO, orbit_env, run_orbit
+from tests.support.db import mariadb_database, migrated_engine, redis_url
+from tests.support.schema import load_seed
+from tests.support.sender import World, check_invariants, enqueue_many, open_count
 
 pytestmark = [pytest.mark.mariadb]
 

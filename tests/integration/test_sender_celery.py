@@ -17,9 +17,8 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, text
 
-from tests import sender_support
-from tests.sender_proxy import PASS, Fault, fault_proxy
-from tests.sender_support import (
+from tests.support import sender as sender_support
+from tests.support.sender import (
     REDIS_URL,
     World,
     celery_env,
@@ -28,6 +27,7 @@ from tests.sender_support import (
     open_count,
     rows,
 )
+from tests.support.sender_proxy import PASS, Fault, fault_proxy
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
@@ -316,7 +316,7 @@ def test_ticks_with_the_business_database_down_log_one_warning_each(
     """Issue 14 item 6.7: the business database refuses connections (the worker started through
     a proxy that is then closed): each tick is one WARNING line ``sender.tick.failed`` with the
     error type and driver code, no traceback, no ERROR line, like the archive tick."""
-    from tests.tcp_proxy import tcp_proxy
+    from tests.support.tcp_proxy import tcp_proxy
 
     url, _ = business
     with tcp_proxy("127.0.0.1", 3306) as proxy:

@@ -12,10 +12,10 @@ from sqlalchemy import Engine, select, text
 
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.platform_tables import namespaces
-from tests import sender_support
-from tests.cli_support import invoke_json, invoke_orbit, orbit_env, run_orbit
-from tests.dbutil import mariadb_database, migrated_engine
-from tests.sender_support import World, enqueue_many, rows
+from tests.support import sender as sender_support
+from tests.support.cli import invoke_json, invoke_orbit, orbit_env, run_orbit
+from tests.support.db import mariadb_database, migrated_engine
+from tests.support.sender import World, enqueue_many, rows
 
 pytestmark = pytest.mark.mariadb
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.sender import InvalidRequest, OutboxConflict, enqueue
 from orbit_tasks.sender import store as sender_store
-from tests.sender_support import new_op, rows
+from tests.support.sender import new_op, rows
 
 pytestmark = pytest.mark.mariadb
 

@@ -14,10 +14,9 @@ from sqlalchemy import Engine, text
 
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.sender import policy, store
-from tests import sender_support
-from tests.dbutil import migrated_engine
-from tests.sender_proxy import PASS, Fault, fault_proxy
-from tests.sender_support import (
+from tests.support import sender as sender_support
+from tests.support.db import migrated_engine
+from tests.support.sender import (
     World,
     check_invariants,
     drive,
@@ -28,6 +27,7 @@ from tests.sender_support import (
     rows,
     shift_clock,
 )
+from tests.support.sender_proxy import PASS, Fault, fault_proxy
 
 pytestmark = [pytest.mark.mariadb]
 

@@ -13,15 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, text, update
 
-from orbit_tasks.archive import job_store
+from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.db.engine import make_engine, single_statements
 from orbit_tasks.db.faults import LOCK_WAIT_TIMEOUT, driver_code, is_transient_db
 from orbit_tasks.db.platform_tables import archive_jobs
 from orbit_tasks.db.schema_check import require_schema
 from orbit_tasks.db.session_bounds import bounds_for_lease
 from orbit_tasks.db.session_check import unmet_bounds, warn_unless_bounded
-from tests.dbutil import migrated_engine
-from tests.integration.archive_jobs_support import (
+from tests.support.archive_jobs import (
     archive_env,
     create_job,
     make_namespace,
@@ -29,6 +28,7 @@ from tests.integration.archive_jobs_support import (
     make_volume,
     seed,
 )
+from tests.support.db import migrated_engine
 
 pytestmark = [pytest.mark.mariadb]
 

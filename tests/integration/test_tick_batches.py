@@ -14,7 +14,8 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, delete, event, func, select, text, update
 
-from orbit_tasks.archive import plan_store, tick
+from orbit_tasks.archive import tick
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import Publisher, make_publisher
 from orbit_tasks.db.engine import db_now, make_engine
@@ -27,8 +28,8 @@ from orbit_tasks.db.platform_tables import (
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
 from orbit_tasks.settings import Settings, load_settings
-from tests.dbutil import redis_url
-from tests.tick_support import PlanKey, make_due, race, seed_plans
+from tests.support.db import redis_url
+from tests.support.tick import PlanKey, make_due, race, seed_plans
 
 REDIS_URL = redis_url(2)
 MIB = 1024**2

@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import volume as vol
-from orbit_tasks.archive.expectation import ChainExpectation
-from orbit_tasks.archive.verify import (
+from orbit_tasks.archive.engine import volume as vol
+from orbit_tasks.archive.engine.verify import (
     ChainInvalid,
     export_roots,
     verify_job_dir,
     verify_job_prefix,
 )
-from tests.fs_support import small_tmpfs as mount_small_tmpfs
-from tests.unit.archive_chain_helpers import JOB, NS, Chain, build_chain, rid, with_expect
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format import values as fv
+from orbit_tasks.archive.format.expectation import ChainExpectation
+from tests.support.archive_chain import JOB, NS, Chain, build_chain, rid, with_expect
+from tests.support.fs import small_tmpfs as mount_small_tmpfs
 
 
 def _write_chain(directory: Path, chain: Chain) -> None:
@@ -32,7 +33,7 @@ def _write_chain(directory: Path, chain: Chain) -> None:
 
 def _blob(seq: int, size: int = 1000) -> tuple[str, bytes]:
     data = os.urandom(size)
-    return file_names.batch_name(seq, ff.sha256_hex(data)), data
+    return file_names.batch_name(seq, fv.sha256_hex(data)), data
 
 
 def test_write_job_file_publishes_durably(tmp_path: Path) -> None:
@@ -154,7 +155,7 @@ def test_disk_full_raises_and_leaves_no_partial_file(small_tmpfs: Path) -> None:
     names = sorted(os.listdir(directory))
     assert names == sorted(written)  # no temp file, no partial final file
     for name in names:
-        assert ff.sha256_hex((directory / name).read_bytes()) == file_names.parse_name(name).sha256  # type: ignore[union-attr]
+        assert fv.sha256_hex((directory / name).read_bytes()) == file_names.parse_name(name).sha256  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- verify / export
@@ -220,7 +221,7 @@ def test_database_rows_encode_exactly(any_platform_url: str, tmp_path: Path) -> 
 
     from orbit_tasks.db import history_tables as h
     from orbit_tasks.db.engine import make_engine
-    from tests.unit.archive_chain_helpers import STORAGE, manifest
+    from tests.support.archive_chain import STORAGE, manifest
 
     body = '{"amount":1.10,"big":123456789012345678901234567890,"emoji":"\U0001f600\u2028"}'
     t_end = datetime(2026, 3, 1, 12, 0, 0, 999999)
@@ -250,18 +251,18 @@ def test_database_rows_encode_exactly(any_platform_url: str, tmp_path: Path) -> 
     data = ff.build_batch(
         job_id=JOB,
         seq=1,
-        prev_sha256=ff.sha256_hex(man),
+        prev_sha256=fv.sha256_hex(man),
         records=[ff.RootRecord(root, {"orbit_task_attempts": kids})],
         settled_column="finished_at",
         final=True,
     )
     directory = vol.job_dir(tmp_path, NS, JOB)
-    vol.write_job_file(directory, file_names.manifest_name(ff.sha256_hex(man)), man)
-    vol.write_job_file(directory, file_names.batch_name(1, ff.sha256_hex(data)), data)
+    vol.write_job_file(directory, file_names.manifest_name(fv.sha256_hex(man)), man)
+    vol.write_job_file(directory, file_names.batch_name(1, fv.sha256_hex(data)), data)
     expect = ChainExpectation(
         namespace_id=NS, job_id=JOB, kind="tasks", storage_id=STORAGE, batch_size=2,
         plan_revision=3, policy_revision=2, batches=1, roots=1, bytes=len(man) + len(data),
-        last_sha256=ff.sha256_hex(data), complete=True,
+        last_sha256=fv.sha256_hex(data), complete=True,
     )  # fmt: skip
     [line] = list(export_roots(directory, expect))
     assert line["root"]["request_json"] == body

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orbit_tasks.archive.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
 from orbit_tasks.errors import ConflictError
 from orbit_tasks.ids import new_id
 

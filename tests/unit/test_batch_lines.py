@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive.batch_lines import LineEncoder
-from orbit_tasks.archive.source import line_encoder
-from orbit_tasks.platform import generator
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import values as fv
+from orbit_tasks.archive.format.lines import LineEncoder
+from orbit_tasks.archive.store.source import line_encoder
+from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
 
 JOB = bytes.fromhex("0190f0aa000070008000000000000002")
@@ -30,7 +31,7 @@ def _tuples(kind: str, seed: int, server_times: bool) -> list[tuple[Any, dict[st
         values = [row.get(c.name) for c in table.columns]
         if server_times:  # DATE_FORMAT(...) and LOWER(HEX(...)) on MySQL/MariaDB
             values = [
-                ff.format_ts(v) if isinstance(v, datetime)
+                fv.format_ts(v) if isinstance(v, datetime)
                 else v.hex() if isinstance(v, bytes) else v
                 for v in values
             ]  # fmt: skip
@@ -95,7 +96,7 @@ def _db_value(column: Any, value: Any) -> Any:
     if value is None:
         return None
     if isinstance(column.type, DateTime):
-        return ff.parse_ts(value)
+        return fv.parse_ts(value)
     if isinstance(column.type, LargeBinary):
         return bytes.fromhex(value)
     return value
@@ -118,10 +119,10 @@ def test_every_value_type_and_escape_is_canonical() -> None:
             bytes([i]) * 16, text, None, NOW + timedelta(microseconds=i), 2**64 - 1 - i,
             b"\x00\xff", i % 2 == 0, NOW,
         )  # fmt: skip
-        generic = ff.canonical_json(
+        generic = fv.canonical_json(
             {
                 "children": {},
-                "root": {k: ff.encode_value(v) for k, v in zip(COLS, row, strict=True)},
+                "root": {k: fv.encode_value(v) for k, v in zip(COLS, row, strict=True)},
             }
         )
         assert enc.line(row, {}) == generic
@@ -130,23 +131,23 @@ def test_every_value_type_and_escape_is_canonical() -> None:
 def test_values_that_cannot_be_encoded_name_the_column_not_the_value() -> None:
     enc = LineEncoder(["id", "amount", "memo", "created_at"], "created_at", [("kids", ["id", "x"])])
     good = (bytes(16), 1, "ok", NOW)
-    with pytest.raises(ff.SourceInvalid, match=r"^root\.amount") as err:
+    with pytest.raises(fv.SourceInvalid, match=r"^root\.amount") as err:
         enc.line((bytes(16), 0.1, "ok", NOW), {})
     assert "0.1" not in str(err.value)
-    with pytest.raises(ff.SourceInvalid, match=r"^root\.amount"):
+    with pytest.raises(fv.SourceInvalid, match=r"^root\.amount"):
         enc.line((bytes(16), Decimal("1.10"), "ok", NOW), {})
-    with pytest.raises(ff.SourceInvalid, match=r"^root\.memo.*surrogate"):
+    with pytest.raises(fv.SourceInvalid, match=r"^root\.memo.*surrogate"):
         enc.line((bytes(16), 1, "\ud800", NOW), {})
-    with pytest.raises(ff.SourceInvalid, match=r"^kids\.x.*surrogate"):
+    with pytest.raises(fv.SourceInvalid, match=r"^kids\.x.*surrogate"):
         enc.line(good, {"kids": [(bytes(16), "\udc80")]})
-    with pytest.raises(ff.SourceInvalid, match="unsettled"):
+    with pytest.raises(fv.SourceInvalid, match="unsettled"):
         enc.key((bytes(16), 1, "ok", None))
-    with pytest.raises(ff.SourceInvalid, match="unsettled"):
+    with pytest.raises(fv.SourceInvalid, match="unsettled"):
         enc.key((bytes(16), 1, "ok", "2026-01-01 00:00:00"))  # not the archive spelling
-    with pytest.raises(ff.SourceInvalid, match="16 bytes"):
+    with pytest.raises(fv.SourceInvalid, match="16 bytes"):
         enc.key((b"\x01", 1, "ok", NOW))
-    assert enc.key(good) == (ff.format_ts(NOW), bytes(16).hex())
-    assert enc.key((bytes(16), 1, "ok", ff.format_ts(NOW))) == enc.key(good)
+    assert enc.key(good) == (fv.format_ts(NOW), bytes(16).hex())
+    assert enc.key((bytes(16), 1, "ok", fv.format_ts(NOW))) == enc.key(good)
 
 
 def test_batch_header_reads_only_the_first_line() -> None:
@@ -162,5 +163,5 @@ def test_batch_header_reads_only_the_first_line() -> None:
     assert header == ff.decode_batch(data).header and header["prev_sha256"] == "2" * 64
     assert ff.batch_header(data[:2048])["seq"] == 7  # the header is in the first bytes
     for bad in (b"", b"not gzip at all", data[:12]):
-        with pytest.raises(ff.FormatError):
+        with pytest.raises(fv.FormatError):
             ff.batch_header(bad)

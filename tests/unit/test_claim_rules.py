@@ -8,9 +8,9 @@ from datetime import datetime
 
 import pytest
 
-from orbit_tasks.archive import claim_rules as rules
-from orbit_tasks.archive.claim_rules import Fate
-from orbit_tasks.archive.expectation import VerifyReport
+from orbit_tasks.archive import claims as rules
+from orbit_tasks.archive.claims import Fate
+from orbit_tasks.archive.format.expectation import VerifyReport
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
 
 SHA = "ab" * 32

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from orbit_tasks.cli.errors import describe_error, missing_table
 from orbit_tasks.db.engine import SETTING_ATTR, parse_database_url, redact_url
+from orbit_tasks.error_lines import describe_error, missing_table
 from orbit_tasks.errors import InvalidInput, NotFound
 
 

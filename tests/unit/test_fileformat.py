@@ -11,12 +11,14 @@ from decimal import Decimal
 
 import pytest
 
-from orbit_tasks.archive import file_names
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive.chain import verify_chain, verify_prefix
-from orbit_tasks.archive.expectation import ChainExpectation, VerifyReport
-from orbit_tasks.archive.gzip_member import gzip_member
-from tests.unit.archive_chain_helpers import (
+from orbit_tasks.archive.format import batch as ff
+from orbit_tasks.archive.format import manifest as fm
+from orbit_tasks.archive.format import names as file_names
+from orbit_tasks.archive.format import values as fv
+from orbit_tasks.archive.format.chain import verify_chain, verify_prefix
+from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
+from orbit_tasks.archive.format.gzip_member import gzip_member
+from tests.support.archive_chain import (
     JOB,
     NS,
     STORAGE,
@@ -48,17 +50,17 @@ SPEC_MANIFEST_KEYS = {
 
 
 def test_canonical_json_exact_bytes() -> None:
-    out = ff.canonical_json({"b": [1, {"z": None, "a": True}], "a": "x y", "\u00e9": "\U0001f600"})
+    out = fv.canonical_json({"b": [1, {"z": None, "a": True}], "a": "x y", "\u00e9": "\U0001f600"})
     assert out == ('{"a":"x y","b":[1,{"a":true,"z":null}],"\u00e9":"\U0001f600"}\n'.encode())
     assert b"\xf0\x9f\x98\x80" in out  # 4-byte UTF-8 kept raw, not \\ud83d escapes
     assert out.endswith(b"}\n") and out.count(b"\n") == 1
 
 
 def test_canonical_json_rejects_float_nan_and_surrogates() -> None:
-    with pytest.raises(ff.SourceInvalid):
-        ff.canonical_json({"x": float("nan")})
-    with pytest.raises(ff.SourceInvalid):
-        ff.canonical_json({"x": "\ud800"})
+    with pytest.raises(fv.SourceInvalid):
+        fv.canonical_json({"x": float("nan")})
+    with pytest.raises(fv.SourceInvalid):
+        fv.canonical_json({"x": "\ud800"})
 
 
 @pytest.mark.parametrize(
@@ -85,7 +87,7 @@ def test_canonical_json_rejects_float_nan_and_surrogates() -> None:
     ],
 )
 def test_encode_value(value: object, encoded: object) -> None:
-    out = ff.encode_value(value)
+    out = fv.encode_value(value)
     assert out == encoded and type(out) is type(encoded)
 
 
@@ -93,22 +95,22 @@ def test_encode_value(value: object, encoded: object) -> None:
     "value", [1.5, float("inf"), Decimal("1.10"), date(2026, 1, 1), "\udc80", object(), [1]]
 )
 def test_encode_value_rejects(value: object) -> None:
-    with pytest.raises(ff.SourceInvalid):
-        ff.encode_value(value)
+    with pytest.raises(fv.SourceInvalid):
+        fv.encode_value(value)
 
 
 def test_timestamps_round_trip_and_strict_parse() -> None:
     for dt in (datetime(2026, 2, 28, 23, 59, 59, 999999), datetime(2026, 3, 1), T0):
-        assert ff.parse_ts(ff.format_ts(dt)) == dt
-    assert ff.format_ts(datetime(2026, 1, 1, tzinfo=UTC)) == "2026-01-01T00:00:00.000000Z"
+        assert fv.parse_ts(fv.format_ts(dt)) == dt
+    assert fv.format_ts(datetime(2026, 1, 1, tzinfo=UTC)) == "2026-01-01T00:00:00.000000Z"
     for bad in (
         "2026-01-01T00:00:00Z",
         "2026-01-01T00:00:00.000000+00:00",
         "2026-02-30T00:00:00.000000Z",
         5,
     ):
-        with pytest.raises(ff.FormatError):
-            ff.parse_ts(bad)  # type: ignore[arg-type]
+        with pytest.raises(fv.FormatError):
+            fv.parse_ts(bad)  # type: ignore[arg-type]
 
 
 def test_exact_json_text_preserved_byte_for_byte() -> None:
@@ -131,7 +133,7 @@ def test_exact_json_text_preserved_byte_for_byte() -> None:
 def test_unencodable_column_named_without_value() -> None:
     rec = record(1)
     bad = ff.RootRecord({**rec.root, "result_json": 0.1}, rec.children)
-    with pytest.raises(ff.SourceInvalid, match=r"root\.result_json") as err:
+    with pytest.raises(fv.SourceInvalid, match=r"root\.result_json") as err:
         ff.build_batch(
             job_id=JOB,
             seq=1,
@@ -143,7 +145,7 @@ def test_unencodable_column_named_without_value() -> None:
     assert "0.1" not in str(err.value)
     kid = dict(rec.children["orbit_task_attempts"][0], worker="\ud800")
     bad2 = ff.RootRecord(rec.root, {"orbit_task_attempts": [kid]})
-    with pytest.raises(ff.SourceInvalid, match=r"orbit_task_attempts\.worker"):
+    with pytest.raises(fv.SourceInvalid, match=r"orbit_task_attempts\.worker"):
         ff.build_batch(
             job_id=JOB,
             seq=1,
@@ -196,15 +198,15 @@ def test_decode_rejects_gzip_with_name_mtime_or_trailing_bytes() -> None:
     named = io.BytesIO()
     with gzip.GzipFile(filename="x.jsonl", mode="wb", fileobj=named, mtime=0) as fh:
         fh.write(payload)
-    with pytest.raises(ff.FormatError, match="flags"):
+    with pytest.raises(fv.FormatError, match="flags"):
         ff.decode_batch(named.getvalue())
-    with pytest.raises(ff.FormatError, match="mtime"):
+    with pytest.raises(fv.FormatError, match="mtime"):
         ff.decode_batch(gzip.compress(payload, mtime=12345))
-    with pytest.raises(ff.FormatError, match="trailing"):
+    with pytest.raises(fv.FormatError, match="trailing"):
         ff.decode_batch(_batch() + b"\x00")
     good = bytearray(_batch())
     good[-5] ^= 0xFF  # CRC/size trailer
-    with pytest.raises(ff.FormatError):
+    with pytest.raises(fv.FormatError):
         ff.decode_batch(bytes(good))
 
 
@@ -265,17 +267,17 @@ def test_manifest_keys_exactly_spec() -> None:
         ("orbit_task_attempts", "task_id")
     ]  # the column descriptions: tests/unit/test_table_schema.py
     assert doc["namespace_id"] == NS.hex() and doc["storage_id"] == STORAGE.hex()
-    assert ff.decode_manifest(data) == doc
+    assert fm.decode_manifest(data) == doc
     assert json.loads(manifest())["range"]["from"] is None
-    assert data == ff.canonical_json(doc)
+    assert data == fv.canonical_json(doc)
 
 
 def test_decode_manifest_rejects() -> None:
     doc = json.loads(manifest())
-    with pytest.raises(ff.FormatError, match="canonical"):
-        ff.decode_manifest(json.dumps(doc, sort_keys=True).encode() + b"\n")  # spaces
-    with pytest.raises(ff.FormatError, match="canonical"):
-        ff.decode_manifest(ff.canonical_json(doc)[:-1])  # no trailing newline
+    with pytest.raises(fv.FormatError, match="canonical"):
+        fm.decode_manifest(json.dumps(doc, sort_keys=True).encode() + b"\n")  # spaces
+    with pytest.raises(fv.FormatError, match="canonical"):
+        fm.decode_manifest(fv.canonical_json(doc)[:-1])  # no trailing newline
     for mutate in (
         lambda d: d.pop("kind"),
         lambda d: d.update(extra=1),
@@ -290,10 +292,10 @@ def test_decode_manifest_rejects() -> None:
     ):
         bad = json.loads(manifest())
         mutate(bad)
-        with pytest.raises(ff.FormatError):
-            ff.decode_manifest(ff.canonical_json(bad))
-    with pytest.raises(ff.FormatError):
-        ff.decode_manifest(b'{"x":1.5}\n')
+        with pytest.raises(fv.FormatError):
+            fm.decode_manifest(fv.canonical_json(bad))
+    with pytest.raises(fv.FormatError):
+        fm.decode_manifest(b'{"x":1.5}\n')
     with pytest.raises(ValueError):
         manifest(storage_id=b"short")
 
@@ -306,7 +308,7 @@ def test_build_batch_refuses_bad_input() -> None:
     with pytest.raises(ValueError, match="order"):
         _batch(records=[record(1), record(1)])
     unsettled = record(1)
-    with pytest.raises(ff.SourceInvalid):
+    with pytest.raises(fv.SourceInvalid):
         _batch(records=[ff.RootRecord({**unsettled.root, "finished_at": None}, unsettled.children)])
     with pytest.raises(ValueError):
         _batch(records=[record(1), ff.RootRecord(record(2).root, {})])
@@ -331,16 +333,16 @@ def test_decode_batch_checks_lines_against_header() -> None:
     def gz(p: bytes) -> bytes:
         return gzip_member(p)
 
-    with pytest.raises(ff.FormatError, match="line count"):
+    with pytest.raises(fv.FormatError, match="line count"):
         ff.decode_batch(gz(head + b"\n" + l1 + b"\n"))
-    with pytest.raises(ff.FormatError, match="out of order"):
+    with pytest.raises(fv.FormatError, match="out of order"):
         ff.decode_batch(gz(head + b"\n" + l2 + b"\n" + l1 + b"\n"), settled_column="finished_at")
     h = json.loads(head)
     h["last"] = h["first"]
-    swapped = ff.canonical_json(h) + l1 + b"\n" + l2 + b"\n"
-    with pytest.raises(ff.FormatError):
+    swapped = fv.canonical_json(h) + l1 + b"\n" + l2 + b"\n"
+    with pytest.raises(fv.FormatError):
         ff.decode_batch(gz(swapped), settled_column="finished_at")
-    with pytest.raises(ff.FormatError, match="canonical"):
+    with pytest.raises(fv.FormatError, match="canonical"):
         ff.decode_batch(gz(head + b"\n" + l1 + b" \n" + l2 + b"\n"))
 
 
@@ -354,7 +356,7 @@ def test_decode_batch_ends_parses_only_the_first_and_last_line() -> None:
     odd = gzip_member(head + b"\n" + l1 + b"\n" + l2 + b" \n" + l3 + b"\n")
     ends = ff.decode_batch(odd, settled_column="finished_at", lines="ends")
     assert [ln["root"]["id"] for ln in ends.lines] == [rid(1).hex(), rid(3).hex()]
-    with pytest.raises(ff.FormatError, match="canonical"):
+    with pytest.raises(fv.FormatError, match="canonical"):
         ff.decode_batch(odd, settled_column="finished_at")
     for bad in (  # what the ends check still catches
         head + b"\n" + l1 + b" \n" + l2 + b"\n" + l3 + b"\n",  # first line not canonical
@@ -363,7 +365,7 @@ def test_decode_batch_ends_parses_only_the_first_and_last_line() -> None:
         head + b"\n" + l1 + b"\n" + l3 + b"\n",  # a line missing
         head + b"\n" + l2 + b"\n" + l1 + b"\n" + l3 + b"\n",  # first line is not `first`
     ):
-        with pytest.raises(ff.FormatError):
+        with pytest.raises(fv.FormatError):
             ff.decode_batch(gzip_member(bad), settled_column="finished_at", lines="ends")
     single = _batch(records=[record(4)])
     assert len(ff.decode_batch(single, settled_column="finished_at", lines="ends").lines) == 1
@@ -397,7 +399,7 @@ def test_expectation_from_job_row() -> None:
 
 def test_empty_range_is_manifest_only() -> None:
     man = manifest(roots_total=0, range_from=UNTIL, range_until=UNTIL)
-    sha = ff.sha256_hex(man)
+    sha = fv.sha256_hex(man)
     expect = ChainExpectation(
         namespace_id=NS, job_id=JOB, kind="tasks", storage_id=STORAGE, batch_size=2,
         plan_revision=3, policy_revision=2, batches=0, roots=0, bytes=len(man),
@@ -408,7 +410,7 @@ def test_empty_range_is_manifest_only() -> None:
     bad = verify_chain([(file_names.manifest_name(sha), man)], expect=with_expect(expect, roots=1))
     assert not bad.ok
     man1 = manifest(roots_total=1)
-    sha1 = ff.sha256_hex(man1)
+    sha1 = fv.sha256_hex(man1)
     e1 = with_expect(expect, bytes=len(man1), last_sha256=sha1)
     r = verify_chain([(file_names.manifest_name(sha1), man1)], expect=e1)
     assert not r.ok and r.first_bad_file == file_names.manifest_name(sha1)
@@ -436,7 +438,7 @@ def test_renamed_file() -> None:
     other = file_names.batch_name(2, "f" * 64)
     r = _bad([*c.files[:2], (other, c.data(2)), c.files[3]], c.expect)
     assert r.first_bad_file == other
-    moved = file_names.batch_name(4, ff.sha256_hex(c.data(2)))
+    moved = file_names.batch_name(4, fv.sha256_hex(c.data(2)))
     r = _bad([*c.files[:2], (moved, c.data(2)), c.files[3]], c.expect)
     assert r.first_bad_file == c.name(2) and "missing" in (r.reason or "")
 

@@ -7,19 +7,16 @@ from datetime import datetime, timedelta
 import pytest
 
 from orbit_tasks import failpoints
+from orbit_tasks.archive.claims import MAX_FILE_BYTES, file_cap, is_stalled, over_budget
 from orbit_tasks.archive.jobs import (
-    MAX_FILE_BYTES,
     ErrorCode,
     JobState,
     check_abandon,
     check_expected_revision,
     check_retry,
     claimable,
-    file_cap,
-    is_stalled,
     is_takeover,
     lease_expired,
-    over_budget,
 )
 from orbit_tasks.archive.ranges import (
     ArchiveRange,
@@ -182,7 +179,7 @@ def test_failpoints_inert_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_parse_volumes_env() -> None:
     from pathlib import Path
 
-    from orbit_tasks.archive.runner import parse_volumes
+    from orbit_tasks.archive.engine.runner import parse_volumes
 
     hex_id = "0123456789abcdef0123456789ABCDEF"
     assert parse_volumes(None) == {}

@@ -8,7 +8,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from orbit_tasks.archive.wakeups import queue_name
 from orbit_tasks.metrics.families import (
     CONTRACT_METRICS,
     METRIC_NAMES,
@@ -19,7 +18,8 @@ from orbit_tasks.metrics.families import (
     build,
     consumers_of,
 )
-from tests.metrics_support import names, parse, series, value
+from orbit_tasks.queues import queue_name
+from tests.support.metrics import names, parse, series, value
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, 0)
 A, B = bytes(range(16)), bytes(range(16, 32))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from orbit_tasks.db.migrate import render_sql
-from tests.schema_support import SEEDS
+from tests.support.schema import SEEDS
 
 MYSQL8_URL = "mysql+mysqldb://u@localhost/x"
 SEED_TABLES = {

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from orbit_tasks.archive.fileformat import FormatError, source_descriptor
-from orbit_tasks.archive.restore import check_kind_tables
-from orbit_tasks.archive.table_schema import parse_source
+from orbit_tasks.archive.format.manifest import source_descriptor
+from orbit_tasks.archive.format.tables import parse_source
+from orbit_tasks.archive.format.values import FormatError
+from orbit_tasks.archive.restore.run import check_kind_tables
 from orbit_tasks.platform.history import HISTORY_KINDS, history_kind
 
 

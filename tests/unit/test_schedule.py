@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from orbit_tasks.archive import schedule as s
+from orbit_tasks.archive import plans as s
 from orbit_tasks.errors import InvalidInput
 
 T0 = dt.datetime(2026, 1, 1, 0, 0, 0)

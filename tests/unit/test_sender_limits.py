@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from orbit_tasks import sender_limits as limits
 from orbit_tasks.errors import InvalidInput
-from orbit_tasks.sender import limits
-from orbit_tasks.sender.limits import pass_limits
+from orbit_tasks.sender_limits import pass_limits
 from orbit_tasks.settings import load_settings
 
 LEASES = range(limits.MIN_LEASE_SECONDS, limits.MAX_LEASE_SECONDS + 1)

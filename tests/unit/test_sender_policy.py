@@ -171,7 +171,7 @@ def test_retry_after_beyond_any_datetime_is_deadline_exceeded(header: str) -> No
     assert policy.next_wake(NOW, DEADLINE, 1, Fixed(0.0), seconds) is None
     assert policy.after_retryable(NOW, DEADLINE, 1, Fixed(0.0), seconds) == (
         None,
-        policy.DEADLINE_EXCEEDED,
+        policy.LastCode.DEADLINE_EXCEEDED,
     )
 
 

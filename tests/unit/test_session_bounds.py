@@ -13,7 +13,7 @@ from orbit_tasks.db.session_bounds import (
     session_statement,
     unmet,
 )
-from orbit_tasks.sender.limits import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS, pass_limits
+from orbit_tasks.sender_limits import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS, pass_limits
 
 
 @pytest.mark.parametrize(

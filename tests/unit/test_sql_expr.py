@@ -11,7 +11,7 @@ from orbit_tasks.db.sql_expr import (
     constraints_of_create_table,
     unescape_mysql_clause,
 )
-from tests.schema_support import SEEDS
+from tests.support.schema import SEEDS
 
 # (as written in the seed, as MariaDB 10.11 reports it, as MySQL 8 reports it in
 # information_schema: a parenthesis per operation, charset introducers, escaped quotes)

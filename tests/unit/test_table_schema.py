@@ -14,22 +14,23 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.dialects.mysql.mariadb import MariaDBDialect
 from sqlalchemy.schema import CreateTable
 
-from orbit_tasks.archive import fileformat as ff
-from orbit_tasks.archive import restore_rows
-from orbit_tasks.archive import table_schema as ts
+from orbit_tasks.archive.format import manifest as fm
+from orbit_tasks.archive.format import tables as ts
+from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.restore import Window, uncovered
+from orbit_tasks.archive.restore import rows as restore_rows
+from orbit_tasks.archive.restore.run import Window, uncovered
 from orbit_tasks.db.types import Bool, Id16
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.unit.archive_chain_helpers import manifest
+from tests.support.archive_chain import manifest
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "archive-format-1" / "volume"
 
 
 def _schema(kind: str) -> ts.SourceSchema:
     return ts.schema_of(
-        {"format": ff.FORMAT_2, "source": ff.source_descriptor(HISTORY_KINDS[kind])}
+        {"format": fv.FORMAT_2, "source": fm.source_descriptor(HISTORY_KINDS[kind])}
     )
 
 
@@ -127,8 +128,8 @@ def test_types_outside_the_vocabulary_are_refused_when_describing() -> None:
 def _bad_source(mutate: Any) -> None:
     doc = json.loads(manifest())
     mutate(doc["source"])
-    with pytest.raises(ff.FormatError):
-        ff.decode_manifest(ff.canonical_json(doc))
+    with pytest.raises(fv.FormatError):
+        fm.decode_manifest(fv.canonical_json(doc))
 
 
 @pytest.mark.parametrize(
@@ -159,14 +160,14 @@ def test_decode_manifest_refuses_bad_descriptions(mutate: Any) -> None:
 
 def test_format1_manifests_are_described_by_todays_tables() -> None:
     data = next(FIXTURE.glob("*/*/00000000-*.json")).read_bytes()
-    doc = ff.decode_manifest(data)
-    assert doc["format"] == ff.FORMAT_1
+    doc = fm.decode_manifest(data)
+    assert doc["format"] == fv.FORMAT_1
     schema = ts.schema_of(doc)
     assert schema.from_registry and schema.tables == _schema("tasks").tables
     renamed = {**doc, "source": {**doc["source"], "table": "orbit_tasks_v0"}}
-    with pytest.raises(ff.FormatError, match="registry"):
+    with pytest.raises(fv.FormatError, match="registry"):
         ts.schema_of(renamed)
-    with pytest.raises(ff.FormatError, match="not a history kind"):
+    with pytest.raises(fv.FormatError, match="not a history kind"):
         ts.schema_of({**doc, "kind": "gone"})
 
 
@@ -207,7 +208,7 @@ def test_decode_value_is_exact_and_strict() -> None:
         (_col("VARCHAR(8)"), None),  # NOT NULL
     ]
     for col, value in bad:
-        with pytest.raises(ff.FormatError) as err:
+        with pytest.raises(fv.FormatError) as err:
             dv("orbit_x", col, value)
         assert "orbit_x.c" in str(err.value)
         if isinstance(value, str) and len(value) > 3:
@@ -217,7 +218,7 @@ def test_decode_value_is_exact_and_strict() -> None:
 def test_decode_row_needs_exactly_the_described_columns() -> None:
     spec = _schema("events").root
     row = {c.name: None for c in spec.columns}
-    with pytest.raises(ff.FormatError, match="missing \\['subject_id'\\], extra \\['x'\\]"):
+    with pytest.raises(fv.FormatError, match="missing \\['subject_id'\\], extra \\['x'\\]"):
         restore_rows.decode_row(
             spec, {**{k: v for k, v in row.items() if k != "subject_id"}, "x": 1}
         )

@@ -1,0 +1,1 @@
+"""Restore archived jobs into a database (docs/archive-format.md, "Restore")."""

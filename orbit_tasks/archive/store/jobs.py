@@ -1,0 +1,540 @@
+"""Every SQL statement on archive jobs (SPEC §5): claims, fenced writes, manual operations.
+
+Ownership is compare-and-set on the job row: a claim moves PENDING / expired RUNNING to RUNNING
+with a fresh random ``lease_id``; every later write of that claim is fenced by
+``lease_id = :mine AND state = 'RUNNING'`` (plus the confirmed ``batches``/``last_sha256`` it
+builds on). ``rowcount != 1`` means the lease is lost: :class:`LeaseLost`.
+
+Time comes from one seam, a :class:`~orbit_tasks.db.engine.Clock` (default: the database
+clock). Decisions taken in Python (claimable? abandon allowed?) use ``clock.now`` read in the
+same transaction; writes put ``clock.sql()`` inside the statement (``updated_at``, the chained
+lease end, the lease check), so a confirm needs no separate clock read. Tests pass a
+``FixedClock`` to stand at ``lease_until - 1 us``, ``= lease_until`` and ``+ 1 us``.
+
+Write functions take an ``Engine`` (one transaction on a pooled connection) or a ``Connection``
+(the runner keeps one per claim chain; each call is one transaction on it).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select, update
+
+from orbit_tasks import failpoints
+from orbit_tasks.archive.jobs import (
+    ErrorCode,
+    Job,
+    JobFailure,
+    JobState,
+    check_abandon,
+    check_expected_revision,
+    check_retry,
+    claimable,
+    is_takeover,
+)
+from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
+from orbit_tasks.db.engine import DB_CLOCK, Clock
+from orbit_tasks.db.engine import atomic as atomic_transaction
+from orbit_tasks.db.platform_tables import archive_jobs as J
+from orbit_tasks.db.platform_tables import archive_plans
+from orbit_tasks.db.platform_tables import archive_policies as P
+from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
+from orbit_tasks.ids import random_id
+from orbit_tasks.platform.store import insert_audit
+
+After = Literal["keep", "chain", "release"]
+Bind = Engine | Connection
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim: the job row as this claim wrote it, and whether it took over a dead claim.
+
+    ``job`` is built in Python from what the claim wrote (never re-read). Its ``lease_until``
+    and ``updated_at`` are exact for a claim by :func:`claim`; a claim chained by
+    :func:`confirm` keeps the previous values there, because the database clock sets them
+    inside that UPDATE (nothing in the runner decides on them: the fence is the lease id)."""
+
+    job: Job
+    lease_id: bytes
+    takeover: bool
+    claimed_at: datetime  # clock at the claim (of the chain's first claim when chained)
+
+
+def _key(ns_id: bytes, job_id: bytes) -> Any:
+    return and_(J.c.namespace_id == ns_id, J.c.id == job_id)
+
+
+@contextmanager
+def _transaction(bind: Bind, *, atomic: bool = False) -> Iterator[Connection]:
+    """One transaction on ``bind``. On the runner's connection (autocommit on MySQL, see
+    ``db.engine.single_statements``) each statement commits by itself unless ``atomic``: a
+    compare-and-set needs no transaction around it, and holds its lock only while it runs."""
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            yield conn
+    elif atomic:
+        with atomic_transaction(bind):
+            yield bind
+    else:
+        with bind.begin():
+            yield bind
+
+
+def get_job(conn: Connection, ns_id: bytes, job_id: bytes) -> Job | None:
+    row = conn.execute(select(J).where(_key(ns_id, job_id))).first()
+    return None if row is None else Job.from_row(row)
+
+
+def require_job(conn: Connection, ns_id: bytes, job_id: bytes) -> Job:
+    job = get_job(conn, ns_id, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id.hex()} does not exist in namespace {ns_id.hex()}")
+    return job
+
+
+# --- claim / confirm / release / fail / finalize -------------------------------------------------
+
+
+def claim(
+    bind: Bind, ns_id: bytes, job_id: bytes, lease_seconds: int, *, clock: Clock = DB_CLOCK
+) -> Claim | None:
+    """Compare-and-set PENDING (or RUNNING with ``lease_until < now``) -> RUNNING.
+
+    The row and the clock are read in one statement. Returns None when the job is not
+    claimable or another node won the race.
+    """
+    with _transaction(bind) as conn:
+        row = conn.execute(select(J, clock.sql().label("clock_now")).where(_key(ns_id, job_id)))
+        found = row.first()
+        if found is None:
+            return None
+        job, now = Job.from_row(found), found.clock_now
+        if not claimable(job.state, job.lease_until, now):
+            return None
+        lease_id = random_id()
+        lease_until = now + timedelta(seconds=lease_seconds)
+        result = conn.execute(
+            update(J)
+            .where(*_as_seen(job, now))
+            .values(
+                state=JobState.RUNNING.value,
+                lease_id=lease_id,
+                lease_until=lease_until,
+                attempts=J.c.attempts + 1,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            return None
+    claimed = replace(
+        job,
+        state=JobState.RUNNING,
+        lease_id=lease_id,
+        lease_until=lease_until,
+        attempts=job.attempts + 1,
+        revision=job.revision + 1,
+        updated_at=now,
+    )
+    return Claim(claimed, lease_id, is_takeover(job.state), now)
+
+
+def _as_seen(job: Job, now: datetime) -> list[Any]:
+    """Compare-and-set on the row as read: same state and revision, and for RUNNING an expired
+    lease (``lease_until < now``) — the condition of a claim or a manual change."""
+    cond = [_key(job.namespace_id, job.id), J.c.state == job.state.value]
+    cond.append(J.c.revision == job.revision)
+    if job.state is JobState.RUNNING:
+        cond.append(J.c.lease_until < now)
+    return cond
+
+
+def _fence(c: Claim) -> list[Any]:
+    return [
+        _key(c.job.namespace_id, c.job.id),
+        J.c.lease_id == c.lease_id,
+        J.c.state == JobState.RUNNING.value,
+    ]
+
+
+def confirm(
+    bind: Bind,
+    c: Claim,
+    *,
+    is_batch: bool,
+    roots: int,
+    size: int,
+    sha256: str,
+    after: After,
+    lease_seconds: int,
+    clock: Clock = DB_CLOCK,
+) -> Claim | None:
+    """Confirm one durably written file, fenced by the claim and the prefix it extends.
+
+    ``after``: ``keep`` the lease (a final batch, finalize follows), ``chain`` the next claim into
+    the same statement (attempts+1, a fresh lease id, ``lease_until`` = clock + lease), or
+    ``release`` the job to PENDING (time slice over). One UPDATE; the returned claim's row is
+    built in Python. Returns the chained claim for ``chain``, the same claim (with the new
+    counters) for ``keep``, None for ``release``. Raises :class:`LeaseLost` when the fence
+    matches no row.
+    """
+    job = c.job
+    confirmed = replace(
+        job,
+        batches=job.batches + (1 if is_batch else 0),
+        roots=job.roots + roots,
+        bytes=job.bytes + size,
+        last_sha256=sha256,
+        revision=job.revision + 1,
+    )
+    new_lease = random_id() if after == "chain" else None
+    if clock is DB_CLOCK:
+        stmt = _confirm_statement(after, lease_seconds)
+    else:  # a test clock: its instant is a literal of this one statement
+        stmt = _confirm_update(after, lease_seconds, clock)
+    params = dict(
+        w_ns=job.namespace_id, w_id=job.id, w_lease=c.lease_id, w_batches=job.batches,
+        w_tail=job.last_sha256, v_batches=confirmed.batches, v_roots=confirmed.roots,
+        v_bytes=confirmed.bytes, v_sha=sha256,
+    )  # fmt: skip
+    if new_lease is not None:
+        params["v_lease"] = new_lease
+    with _transaction(bind) as conn:
+        if conn.execute(stmt, params).rowcount != 1:
+            raise LeaseLost(f"job {job.id.hex()}: confirm rejected, lease lost")
+    if new_lease is not None:
+        chained = replace(confirmed, attempts=job.attempts + 1, lease_id=new_lease)
+        return Claim(chained, new_lease, False, c.claimed_at)
+    if after == "keep":
+        return Claim(confirmed, c.lease_id, False, c.claimed_at)
+    return None
+
+
+def _confirm_update(after: After, lease_seconds: int, clock: Clock) -> Any:
+    """The fenced confirm of one file (``lease_id``, RUNNING, the confirmed ``batches`` and
+    ``last_sha256`` it extends) with the clock inside the statement; parameters ``w_*`` (the
+    fence) and ``v_*`` (the new counters, the chained lease id)."""
+    values: dict[str, Any] = dict(
+        batches=bindparam("v_batches"),
+        roots=bindparam("v_roots"),
+        bytes=bindparam("v_bytes"),
+        last_sha256=bindparam("v_sha"),
+        revision=J.c.revision + 1,
+        updated_at=clock.sql(),
+    )
+    if after == "chain":
+        values.update(
+            attempts=J.c.attempts + 1,
+            lease_id=bindparam("v_lease"),
+            lease_until=clock.sql(lease_seconds),
+        )
+    elif after == "release":
+        values.update(state=JobState.PENDING.value, lease_id=None, lease_until=None)
+    return (
+        update(J)
+        .where(
+            J.c.namespace_id == bindparam("w_ns"),
+            J.c.id == bindparam("w_id"),
+            J.c.lease_id == bindparam("w_lease"),
+            J.c.state == JobState.RUNNING.value,
+            J.c.batches == bindparam("w_batches"),
+            J.c.last_sha256 == bindparam("w_tail"),
+        )
+        .values(**values)
+    )
+
+
+@functools.cache
+def _confirm_statement(after: After, lease_seconds: int) -> Any:
+    """:func:`_confirm_update` with the database clock, built once per shape: building an
+    UPDATE and its cache key costs about ten times the statement's own round trip."""
+    return _confirm_update(after, lease_seconds, DB_CLOCK)
+
+
+def _fenced_update(
+    conn: Connection, c: Claim, clock: Clock, what: str, *, on_chain: bool, **values: Any
+) -> None:
+    """One write of claim ``c``: ``WHERE lease_id = :mine AND state = 'RUNNING'`` (and, with
+    ``on_chain``, the confirmed ``batches``/``last_sha256`` it builds on); bumps the revision."""
+    cond = list(_fence(c))
+    if on_chain:
+        cond += [J.c.batches == c.job.batches, J.c.last_sha256 == c.job.last_sha256]
+    result = conn.execute(
+        update(J).where(*cond).values(**values, revision=J.c.revision + 1, updated_at=clock.sql())
+    )
+    if result.rowcount != 1:
+        raise LeaseLost(f"job {c.job.id.hex()}: {what} rejected, lease lost")
+
+
+def check_lease(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
+    """Raise :class:`LeaseLost` unless claim ``c`` still holds a live lease on the prefix it
+    builds on (``lease_id``, RUNNING, ``batches``/``last_sha256``, ``lease_until >= now``: a lease
+    is expired only strictly after its end, as for a takeover).
+
+    Called right before files are removed: a claim whose lease expired while it was paused must
+    not take the new owner's confirmed files for leftovers."""
+    with _transaction(bind) as conn:
+        row = conn.execute(
+            select(J.c.id).where(
+                *_fence(c),
+                J.c.batches == c.job.batches,
+                J.c.last_sha256 == c.job.last_sha256,
+                J.c.lease_until >= clock.sql(),
+            )
+        ).first()
+    if row is None:
+        raise LeaseLost(f"job {c.job.id.hex()}: lease lost before removing leftovers")
+
+
+def release(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
+    """Give the job back to PENDING (lease cleared) without confirming anything."""
+    with _transaction(bind) as conn:
+        _fenced_update(
+            conn, c, clock, "release", on_chain=False,
+            state=JobState.PENDING.value, lease_id=None, lease_until=None,
+        )  # fmt: skip
+
+
+def fail(bind: Bind, c: Claim, code: ErrorCode, *, clock: Clock = DB_CLOCK) -> None:
+    """FAILED with ``code`` (lease cleared), fenced. The plan keeps ``active_job_id``."""
+    with _transaction(bind) as conn:
+        _fenced_update(
+            conn, c, clock, "fail", on_chain=False,
+            state=JobState.FAILED.value, error_code=code.value, lease_id=None, lease_until=None,
+        )  # fmt: skip
+
+
+def _clear_plan(conn: Connection, job: Job) -> None:
+    conn.execute(
+        update(archive_plans)
+        .where(
+            archive_plans.c.namespace_id == job.namespace_id,
+            archive_plans.c.kind == job.kind,
+            archive_plans.c.active_job_id == job.id,
+        )
+        .values(active_job_id=None)
+    )
+
+
+def finalize(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
+    """SUCCEEDED with the lease cleared and the plan's ``active_job_id`` cleared (if it still
+    points at this job), in one transaction, fenced by the claim and the confirmed chain.
+
+    The one write of a claim with two statements: between them and the ``COMMIT`` it holds the
+    job and plan rows (failpoint ``archive.finalize.before_commit``). A holder that goes silent
+    there is rolled back by the server's idle-transaction bound (db/session_bounds.py)."""
+    with _transaction(bind, atomic=True) as conn:
+        _fenced_update(
+            conn, c, clock, "finalize", on_chain=True,
+            state=JobState.SUCCEEDED.value, lease_id=None, lease_until=None,
+        )  # fmt: skip
+        _clear_plan(conn, c.job)
+        failpoints.hit("archive.finalize.before_commit")
+
+
+# --- manual operations ---------------------------------------------------------------------------
+
+
+def retry(
+    engine: Engine,
+    ns_id: bytes,
+    job_id: bytes,
+    *,
+    actor: str,
+    max_bytes: int | None = None,
+    expect_revision: int | None = None,
+    clock: Clock = DB_CLOCK,
+) -> Job:
+    """FAILED -> PENDING, error_code cleared, optionally a higher ``max_bytes``; audited."""
+    with engine.begin() as conn:
+        job = require_job(conn, ns_id, job_id)
+        check_expected_revision(job.revision, expect_revision)
+        new_max = check_retry(job.state, job.max_bytes, max_bytes)
+        now = clock.now(conn)
+        result = conn.execute(
+            update(J)
+            .where(*_as_seen(job, now))
+            .values(
+                state=JobState.PENDING.value,
+                error_code="",
+                max_bytes=new_max,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            raise StaleRevision(f"job {job_id.hex()} changed concurrently; read it again")
+        insert_audit(
+            conn,
+            ns_id,
+            actor=actor,
+            action="archive.job.retry",
+            target_kind="archive_job",
+            target_id=job_id.hex(),
+            detail={
+                "from_state": job.state.value,
+                "error_code": job.error_code,
+                "max_bytes": new_max,
+                "previous_max_bytes": job.max_bytes,
+                "revision": job.revision + 1,
+            },
+            at=now,
+        )
+        return require_job(conn, ns_id, job_id)
+
+
+def abandon(
+    engine: Engine,
+    ns_id: bytes,
+    job_id: bytes,
+    *,
+    actor: str,
+    expect_revision: int | None = None,
+    clock: Clock = DB_CLOCK,
+) -> Job:
+    """FAILED / PENDING / expired RUNNING -> ABANDONED; clears the plan's active job; audited.
+    Files stay on the volume. Whether a RUNNING lease has expired is decided on ``clock.now``
+    and the compare-and-set repeats ``lease_until < now`` with that same value."""
+    with engine.begin() as conn:
+        job = require_job(conn, ns_id, job_id)
+        check_expected_revision(job.revision, expect_revision)
+        now = clock.now(conn)
+        check_abandon(job.state, job.lease_until, now)
+        cond = _as_seen(job, now)
+        result = conn.execute(
+            update(J)
+            .where(*cond)
+            .values(
+                state=JobState.ABANDONED.value,
+                lease_id=None,
+                lease_until=None,
+                revision=J.c.revision + 1,
+                updated_at=now,
+            )
+        )
+        if result.rowcount != 1:
+            raise StaleRevision(f"job {job_id.hex()} changed concurrently; read it again")
+        _clear_plan(conn, job)
+        insert_audit(
+            conn,
+            ns_id,
+            actor=actor,
+            action="archive.job.abandon",
+            target_kind="archive_job",
+            target_id=job_id.hex(),
+            detail={
+                "from_state": job.state.value,
+                "error_code": job.error_code,
+                "revision": job.revision + 1,
+            },
+            at=now,
+        )
+        return require_job(conn, ns_id, job_id)
+
+
+# --- listing -------------------------------------------------------------------------------------
+
+
+def encode_cursor(created_at: datetime, job_id: bytes) -> str:
+    raw = json.dumps([created_at.isoformat(), job_id.hex()]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, bytes]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        ts, hex_id = json.loads(raw)
+        return datetime.fromisoformat(ts), bytes.fromhex(hex_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(
+            f"--after {cursor!r} is not a cursor printed by 'orbit job list' ({type(exc).__name__})"
+        ) from None
+
+
+def list_jobs(
+    conn: Connection,
+    ns_id: bytes,
+    *,
+    state: JobState | None = None,
+    limit: int = 50,
+    after: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """Jobs of a namespace oldest first (keyset on ix_archive_job_list); returns the next cursor."""
+    if not 1 <= limit <= 1000:
+        raise InvalidInput(f"--limit {limit} is out of range (allowed 1..1000)")
+    q = select(J).where(J.c.namespace_id == ns_id)
+    if state is not None:
+        q = q.where(J.c.state == state.value)
+    if after is not None:
+        c_at, c_id = decode_cursor(after)
+        q = q.where(or_(J.c.created_at > c_at, and_(J.c.created_at == c_at, J.c.id > c_id)))
+    rows = conn.execute(q.order_by(J.c.created_at, J.c.id).limit(limit + 1)).all()
+    jobs = [Job.from_row(r) for r in rows[:limit]]
+    nxt = encode_cursor(jobs[-1].created_at, jobs[-1].id) if len(rows) > limit else None
+    return jobs, nxt
+
+
+# --- fixed range and source reads (read-only) ----------------------------------------------------
+
+
+def job_range(conn: Connection, job: Job) -> ArchiveRange:
+    """The job's fixed range, recomputed from database rows (SPEC §5): ``from`` is the greatest
+    ``until`` among all SUCCEEDED jobs of (namespace, kind) created before this one, whatever
+    their storage, each with its own policy revision.
+
+    Two statements: the latest-created earlier success per policy revision (the greatest
+    ``until`` of one revision belongs to its latest job), then those policy rows. Raises
+    ``JobFailure(POLICY_MISSING)`` when a policy revision row it needs is gone.
+    """
+    earlier = conn.execute(earlier_successes_query(job)).all()
+    latest = {int(rev): created for rev, created in earlier}
+    after = policy_seconds(conn, job.namespace_id, job.kind, {job.policy_revision, *latest})
+    return derive_range(
+        RangeInputs(
+            job.created_at,
+            after[job.policy_revision],
+            tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
+        )
+    )
+
+
+def earlier_successes_query(job: Job) -> Any:
+    """(policy_revision, latest created_at) of the SUCCEEDED jobs of (namespace, kind) created
+    before ``job`` (``created_at < :c OR (created_at = :c AND id < :id)``, ix_archive_job_list)."""
+    return (
+        select(J.c.policy_revision, func.max(J.c.created_at))
+        .where(
+            J.c.namespace_id == job.namespace_id,
+            J.c.kind == job.kind,
+            J.c.state == JobState.SUCCEEDED.value,
+            or_(
+                J.c.created_at < job.created_at,
+                and_(J.c.created_at == job.created_at, J.c.id < job.id),
+            ),
+        )
+        .group_by(J.c.policy_revision)
+    )
+
+
+def policy_seconds(
+    conn: Connection, ns_id: bytes, kind: str, revisions: set[int]
+) -> dict[int, int]:
+    """``archive_after_seconds`` of the given policy revisions; POLICY_MISSING if one is gone."""
+    rows = conn.execute(
+        select(P.c.revision, P.c.archive_after_seconds).where(
+            P.c.namespace_id == ns_id, P.c.kind == kind, P.c.revision.in_(sorted(revisions))
+        )
+    ).all()
+    found = {int(rev): int(seconds) for rev, seconds in rows}
+    if set(found) != revisions:
+        raise JobFailure(ErrorCode.POLICY_MISSING)
+    return found

@@ -1,0 +1,199 @@
+"""HTTP faults between the sender and the real API, injected by a real proxy
+(tests/support/sender_proxy.py): responses dropped after the platform committed, 5xx/429 with
+Retry-After, timeouts after which the platform still commits, permanent refusals, and a key reused
+with another body.
+
+Oracle (SPEC §10): every row ends ACCEPTED or REVIEW, at most one platform task per key, and each
+ACCEPTED row holds the platform's original receipt byte-exact."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine
+
+from orbit_tasks.sender import enqueue
+from tests.support import sender as sender_support
+from tests.support.db import mariadb_database, migrated_engine
+from tests.support.sender import (
+    World,
+    check_invariants,
+    drive,
+    enqueue_many,
+    make_relay,
+    new_op,
+    platform_task_count,
+    rows,
+)
+from tests.support.sender_proxy import PASS, Fault, fault_proxy
+
+pytestmark = [pytest.mark.mariadb]
+
+world = sender_support.world
+business = sender_support.business
+
+
+def test_response_dropped_after_the_platform_committed(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    _, engine = business
+    ops = enqueue_many(engine, world.ns, world.queues, 12)
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        return Fault("drop_after") if method == "POST" and attempt == 1 else PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token)
+        drive(relay, engine)
+        relay.client.close()
+    check_invariants(engine, world.platform, require_accepted=True)
+    table = rows(engine)
+    for op in ops:
+        first, second = proxy.posts("op-" + op)
+        assert (first.action, first.upstream_status) == ("drop_after", 201)  # committed, lost
+        assert second.upstream_status == 200  # replay of the original receipt
+        assert table[op][0].send_count == 2
+
+
+def test_unavailable_throttled_and_retry_after(world: World, business: tuple[str, Engine]) -> None:
+    _, engine = business
+    ops = enqueue_many(engine, world.ns, world.queues, 6)
+    plan = {
+        1: Fault("status", 500),
+        2: Fault("status", 503, (("Retry-After", "0"),)),
+        3: Fault("status", 429, (("Retry-After", "1"),)),
+    }
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if method != "POST" or attempt > 3:
+            return PASS
+        return plan[attempt]
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token)
+        drive(relay, engine)
+        relay.client.close()
+    check_invariants(engine, world.platform, require_accepted=True)
+    for op in ops:
+        posts = proxy.posts("op-" + op)
+        assert [p.action for p in posts] == ["status", "status", "status", "pass"]
+        assert posts[3].at - posts[2].at >= 1.0  # Retry-After: 1 honoured
+        assert rows(engine)[op][0].send_count == 4
+
+
+def test_timeout_after_which_the_platform_commits(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    _, engine = business
+    ops = enqueue_many(engine, world.ns, world.queues, 4)
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if method == "POST" and attempt == 1:
+            return Fault("sleep", seconds=1.5)  # beyond the client's 1 s read timeout
+        return PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token, timeout=1.0)
+        stats = relay.run_pass()
+        assert stats.results == {"retry": 4}
+        assert {r.last_code for r, _ in rows(engine).values()} == {"TIMEOUT"}
+        drive(relay, engine)
+        relay.client.close()
+        proxy.settle()
+    check_invariants(engine, world.platform, require_accepted=True)
+    for op in ops:
+        # Both reached the platform (the late one after the client gave up), in either order:
+        # one created the task, the other was answered with the original receipt.
+        statuses = sorted(p.upstream_status or 0 for p in proxy.posts("op-" + op))
+        assert statuses == [200, 201]
+
+
+def test_request_in_progress_and_unauthenticated_are_retried(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    _, engine = business
+    ops = enqueue_many(engine, world.ns, world.queues[:1], 2)
+    in_progress = b'{"error":"request_in_progress","message":"x"}'
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if method == "POST" and attempt == 1:
+            return Fault("status", 409, body=in_progress)
+        if method == "POST" and attempt == 2:
+            return Fault("status", 401)
+        return PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token)
+        drive(relay, engine)
+        relay.client.close()
+    check_invariants(engine, world.platform, require_accepted=True)
+    for op in ops:
+        assert [p.upstream_status for p in proxy.posts("op-" + op)] == [None, None, 201]
+    # the 401 dropped the cached identity: it was fetched again
+    assert len([s for s in proxy.seen if s.method == "GET"]) >= 2
+
+
+STATUS_CODES = {
+    400: "REJECTED",
+    403: "FORBIDDEN",
+    404: "QUEUE_NOT_FOUND",
+    413: "TOO_LARGE",
+    422: "REJECTED",
+    200: "PROTOCOL",  # 200 whose body is not a receipt for this submission
+    202: "PROTOCOL",
+    301: "PROTOCOL",
+}
+
+
+def test_permanent_refusals_go_to_review_without_retry(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    _, engine = business
+    ops = enqueue_many(engine, world.ns, world.queues[:1], len(STATUS_CODES))
+    status_of = {"op-" + op: status for op, status in zip(ops, STATUS_CODES, strict=True)}
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if method == "POST" and key is not None:
+            return Fault("status", status_of[key])
+        return PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token)
+        drive(relay, engine)
+        relay.client.close()
+    table = rows(engine)
+    for op, (status, code) in zip(ops, STATUS_CODES.items(), strict=True):
+        r = table[op][0]
+        assert (r.state, r.last_code, r.send_count) == ("REVIEW", code, 1), status
+        assert len(proxy.posts("op-" + op)) == 1
+    check_invariants(engine, world.platform)
+
+
+def test_key_reused_with_another_body_is_a_conflict(world: World) -> None:
+    """Two business databases (e.g. a restored backup) use one operation id for different
+    requests: the platform keeps the first; the second goes to REVIEW IDEMPOTENCY_CONFLICT."""
+    op = new_op()
+    with (
+        mariadb_database("orbit_sb") as url_a,
+        migrated_engine(url_a, "business") as first,
+        mariadb_database("orbit_sb") as url_b,
+        migrated_engine(url_b, "business") as second,
+    ):
+        for engine, body in ((first, '{"v": 1}'), (second, '{"v": 2}')):
+            with engine.begin() as conn:
+                enqueue(
+                    conn,
+                    namespace_id=world.ns,
+                    queue_id=world.queues[0],
+                    operation_id=op,
+                    request=body,
+                    source_ref="r",
+                )
+            relay = make_relay(engine, world.api.base_url, world.token)
+            drive(relay, engine)
+            relay.client.close()
+        assert rows(first)[op][0].state == "ACCEPTED"
+        r = rows(second)[op][0]
+        assert (r.state, r.last_code, r.send_count) == ("REVIEW", "IDEMPOTENCY_CONFLICT", 1)
+        assert platform_task_count(world.platform, ["op-" + op]) == {"op-" + op: 1}
+        check_invariants(first, world.platform)
+        check_invariants(second, world.platform)

@@ -1,0 +1,65 @@
+"""The seed DDL as a test fixture, and snapshots that prove a refused command changed nothing.
+
+``seeds/`` is the repository's copy of the seed DDL (byte-identical to ``../shared/seeds/`` when
+that exists; ``test_schema_parity.py`` checks it). ``load_seed`` runs it on MariaDB the way an
+operator creating the tables by hand would, with the 0900 collations mapped (SPEC §2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from orbit_tasks.db.collation import map_collations_for_mariadb
+
+REPO = Path(__file__).resolve().parents[2]
+SEEDS = REPO / "seeds"
+UPSTREAM = REPO.parent / "shared"  # the design's folder beside a clone, when there is one
+SEED_FILES = {"platform": "orbit_archive.sql", "business": "sender_outbox.sql"}
+
+
+def seed_statements(seed_file: str) -> list[str]:
+    """The ``CREATE TABLE`` statements of one seed file, 0900 collations mapped for MariaDB."""
+    ddl = map_collations_for_mariadb((SEEDS / seed_file).read_text(encoding="utf-8"))
+    out = []
+    for stmt in re.split(r";\s*(?=CREATE TABLE|$)", ddl):
+        body = "\n".join(line for line in stmt.splitlines() if not line.startswith("--"))
+        if body.strip():
+            out.append(body)
+    return out
+
+
+def load_seed(url: str, seed_file: str, edit: Callable[[str], str] = lambda s: s) -> None:
+    """Create the seed tables on the MariaDB database ``url`` by hand (``edit`` may change the
+    DDL first, e.g. to make one column differ)."""
+    engine = create_engine(url + "?charset=utf8mb4")
+    try:
+        with engine.begin() as conn:
+            for stmt in seed_statements(seed_file):
+                conn.exec_driver_sql(edit(stmt).replace("%", "%%"))
+    finally:
+        engine.dispose()
+
+
+def mariadb_snapshot(url: str) -> dict[str, Any]:
+    """Every table of the database with its ``SHOW CREATE TABLE``, its row count and a digest of
+    all its rows (sorted): equal snapshots mean nothing was created, altered or written."""
+    engine = create_engine(url + "?charset=utf8mb4")
+    try:
+        with engine.connect() as conn:
+            tables = sorted(r[0] for r in conn.execute(text("SHOW TABLES")))
+            snap: dict[str, Any] = {}
+            for table in tables:
+                ddl = conn.execute(text(f"SHOW CREATE TABLE `{table}`")).one()[1]
+                query = text(f"SELECT * FROM `{table}`")
+                rows = sorted(repr(tuple(r)) for r in conn.execute(query))
+                digest = hashlib.sha256("\n".join(rows).encode()).hexdigest()
+                snap[table] = (ddl, len(rows), digest)
+            return snap
+    finally:
+        engine.dispose()
