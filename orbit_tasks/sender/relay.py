@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from orbit_tasks import failpoints
+from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
@@ -44,7 +45,6 @@ DEFAULT_CLAIM_SECONDS = 20.0
 PAGE_PER_THREAD = 2
 WINDOW_PER_THREAD = 4
 T = TypeVar("T")
-Clock = store.Clock
 Monotonic = Callable[[], float]
 LogEntry = tuple[str, int, dict[str, Any]]
 
@@ -77,7 +77,7 @@ class Relay:
         timeout_seconds: float,
         concurrency: int,
         rng: policy.RandomSource | None = None,
-        clock: Clock = store.database_clock,
+        clock: Clock = DB_CLOCK,
         monotonic: Monotonic = time.monotonic,
     ) -> None:
         self.engine = engine
@@ -123,7 +123,7 @@ class Relay:
 
     def sweep(self) -> int:
         moved = self._transaction(
-            lambda conn, _b: store.sweep_deadlines(conn, self.clock(conn), SWEEP_LIMIT)
+            lambda conn, _b: store.sweep_deadlines(conn, self.clock.now(conn), SWEEP_LIMIT)
         )
         if moved:
             log_action(logger, "sender.sweep.deadline_exceeded", rows=moved)
@@ -201,7 +201,7 @@ class Relay:
             # Read before the clock: the time since ``mono`` is never less than the time since
             # ``now`` (the deadline and lease checks before the POST rely on it).
             mono = self.monotonic()
-            return self._claim(conn, identity, limit, self.clock(conn), mono, batched, log)
+            return self._claim(conn, identity, limit, self.clock.now(conn), mono, batched, log)
 
         got = self._transaction(run)
         _flush(log)
@@ -359,7 +359,7 @@ class Relay:
 
             def run(conn: Connection, _batched: bool) -> str:
                 log.clear()
-                return self.record(conn, sent, self.clock(conn), log)
+                return self.record(conn, sent, self.clock.now(conn), log)
 
             label = self._transaction(run)
             _flush(log)
@@ -474,7 +474,7 @@ class Relay:
         def run(c: Connection, batched: bool) -> tuple[list[str], list[Owned], int, int]:
             log.clear()
             mono = self.monotonic()
-            now = self.clock(c)
+            now = self.clock.now(c)
             labels = self.record_all(c, sents, now, batched, log)
             if identity is None:
                 return labels, [], 0, 0

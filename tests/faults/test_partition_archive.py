@@ -23,7 +23,7 @@ from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.session_bounds import bounds_for_lease
-from tests import netns_support as netns
+from tests.support import netns
 from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
