@@ -44,8 +44,7 @@ from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
-from orbit_tasks.db.platform_tables import archive_plans
-from orbit_tasks.db.platform_tables import archive_policies
+from orbit_tasks.db.platform_tables import archive_plans, archive_policies
 from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
 from orbit_tasks.ids import random_id
 from orbit_tasks.platform.store import insert_audit
