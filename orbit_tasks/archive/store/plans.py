@@ -49,13 +49,6 @@ from orbit_tasks.platform.store import (
 
 P = archive_plans.c
 J = archive_jobs.c
-OPTION_NAMES = {
-    "storage_id": "--storage",
-    "interval_seconds": "--interval",
-    "batch_size": "--batch-size",
-    "max_bytes": "--max-bytes",
-    "policy_revision": "--policy-revision",
-}
 CONFIG_FIELDS = (
     "enabled",
     "policy_revision",
@@ -171,7 +164,8 @@ def set_plan(
     plans.validate_kind(kind)
     if expect_revision is not None and expect_revision < 0:
         raise InvalidInput(
-            f"--expect-revision {expect_revision} is out of range (allowed 0 or more)"
+            f"{{expect_revision}} {expect_revision} is out of range (allowed 0 or more)",
+            fields=("expect_revision",),
         )
     state = namespace_state_shared(conn, ns_id)
     if state is None:
@@ -188,13 +182,15 @@ def set_plan(
         "policy_revision": policy_revision,
     }
     if current is None:
-        missing = [OPTION_NAMES[k] for k, v in given.items() if v is None]
+        missing = tuple(k for k, v in given.items() if v is None)
         if missing:
-            raise InvalidInput(f"a new plan needs {', '.join(missing)}")
+            needs = ", ".join("{" + k + "}" for k in missing)
+            raise InvalidInput(f"a new plan needs {needs}", fields=missing)
         if expect_revision not in (None, 0):
             raise StaleRevision(
                 f"plan {kind!r} does not exist (expected revision {expect_revision}; use 0 or "
-                "omit --expect-revision to create it)"
+                "omit {expect_revision} to create it)",
+                fields=("expect_revision",),
             )
         merged = given
         new_enabled = bool(enabled)
@@ -226,8 +222,9 @@ def set_plan(
         )
     if config.policy_revision > latest:
         raise InvalidInput(
-            f"--policy-revision {config.policy_revision} does not exist for kind {kind!r} "
-            f"(allowed 1..{latest})"
+            f"{{policy_revision}} {config.policy_revision} does not exist for kind {kind!r} "
+            f"(allowed 1..{latest})",
+            fields=("policy_revision",),
         )
 
     values: dict[str, Any] = dict(
