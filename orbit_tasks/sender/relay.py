@@ -15,6 +15,7 @@ import datetime as dt
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,8 @@ SWEEP_LIMIT = 500
 # credential can claim), so once per interval per process is enough and keeps big backlogs cheap.
 SWEEP_INTERVAL_SECONDS = 30.0
 QUEUE_SCAN_SECONDS = 10.0  # how often the namespace's queues with outbox rows are re-read
+# Answers whose Retry-After holds every send to that (namespace, queue) in this process.
+HOLD_STATUSES = frozenset({429, 503})
 DEFAULT_CLAIM_SECONDS = 20.0
 PAGE_PER_THREAD = 2
 WINDOW_PER_THREAD = 4
@@ -90,6 +93,9 @@ class Relay:
         self.monotonic = monotonic
         self._queue_offset = 0
         self._ns_queues: dict[str, tuple[float, frozenset[str]]] = {}
+        # (namespace, queue) -> monotonic end of a Retry-After the platform asked for
+        self._holds: dict[tuple[str, str], float] = {}
+        self._holds_lock = threading.Lock()
         self._last_sweep: float | None = None
 
     # --- transactions --------------------------------------------------------------------------
@@ -165,6 +171,8 @@ class Relay:
         for queue in queues[start:] + queues[:start]:
             if len(claimed) >= limit:
                 break
+            if self.held(identity.namespace_id, queue):
+                continue  # the platform asked this queue to wait: claim nothing of it
             ready: list[store.Candidate] = []
             for cand in store.due_candidates(
                 conn, identity.namespace_id, queue, now, limit - len(claimed)
@@ -216,6 +224,8 @@ class Relay:
         need = self.timeout_seconds * (1 if self.client.identity_is_fresh() else 2)
         if self.monotonic() + need > pass_end:
             return Sent(owned, "release", reason="pass_end")
+        if self.held(row.namespace_id, row.queue_id):
+            return Sent(owned, "release", reason="queue_held")
         try:
             identity = self.client.identity()
         except IdentityUnavailable:
@@ -246,7 +256,35 @@ class Relay:
         )
         if result.status in (401, 403):
             self.client.invalidate_identity()
+        if result.status in HOLD_STATUSES:
+            now = row.claimed_at + dt.timedelta(seconds=self.monotonic() - owned.mono)
+            wait = policy.parse_retry_after(result.retry_after, now)
+            if wait:
+                self.hold(row.namespace_id, row.queue_id, wait, result.status)
         return Sent(owned, "sent", result=result)
+
+    # --- queue-wide back-off -------------------------------------------------------------------
+
+    def held(self, namespace_id: str, queue_id: str) -> bool:
+        """Whether a Retry-After of this (namespace, queue) is still running in this process."""
+        with self._holds_lock:
+            until = self._holds.get((namespace_id, queue_id))
+        return until is not None and self.monotonic() < until
+
+    def hold(self, namespace_id: str, queue_id: str, seconds: float, status: int) -> None:
+        """Hold every send to (namespace, queue) for ``seconds`` (a 429 or 503 with
+        ``Retry-After``): the rest of that queue waits with the row that was told so, instead of
+        hitting a platform that asked everyone to wait; other queues keep flowing."""
+        until = self.monotonic() + seconds
+        with self._holds_lock:
+            key = (namespace_id, queue_id)
+            if until <= self._holds.get(key, -math.inf):
+                return
+            self._holds[key] = until
+        log_action(
+            logger, "sender.queue.held", namespace_id=namespace_id, queue_id=queue_id,
+            seconds=seconds, status=status,
+        )  # fmt: skip
 
     # --- one row: the fenced outcome write (the pass's thread) ---------------------------------
 
