@@ -100,8 +100,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     var_dir = Path(env.get("ORBIT_VAR_DIR") or "var").resolve()
     lease = _int(env, "ORBIT_ARCHIVE_LEASE_SECONDS", 120, 4, 86400)
-    slice_s = _int(env, "ORBIT_ARCHIVE_SLICE_SECONDS", 20, 1, 86400)
     top = archive_limits.max_slice_seconds(lease)
+    # default: 20 s, or the longest slice a shorter lease allows
+    slice_s = _int(env, "ORBIT_ARCHIVE_SLICE_SECONDS", min(20, top), 1, 86400)
     if slice_s > top:
         # the slice must end one margin before the Celery soft limit (archive_limits.py)
         raise InvalidInput(

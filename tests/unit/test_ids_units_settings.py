@@ -204,3 +204,11 @@ def test_the_longest_slice_ends_a_margin_before_the_soft_limit(lease: int) -> No
         ).archive_slice_seconds
         == top
     )
+
+
+@pytest.mark.parametrize(
+    ("lease", "default"), [(4, 1), (8, 4), (30, 15), (36, 18), (40, 20), (120, 20)]
+)
+def test_the_default_slice_fits_the_lease(lease: int, default: int) -> None:
+    s = load_settings({"ORBIT_ARCHIVE_LEASE_SECONDS": str(lease)})
+    assert s.archive_slice_seconds == default == min(20, max_slice_seconds(lease))
