@@ -207,7 +207,7 @@ def test_the_longest_slice_ends_a_margin_before_the_soft_limit(lease: int) -> No
 
 
 @pytest.mark.parametrize(
-    ("lease", "default"), [(4, 1), (8, 4), (30, 15), (36, 18), (40, 20), (120, 20)]
+    ("lease", "default"), [(4, 1), (8, 5), (30, 15), (36, 18), (40, 20), (120, 20)]
 )
 def test_the_default_slice_fits_the_lease(lease: int, default: int) -> None:
     s = load_settings({"ORBIT_ARCHIVE_LEASE_SECONDS": str(lease)})
