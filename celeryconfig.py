@@ -12,7 +12,7 @@ import socket as _socket
 from datetime import timedelta as _timedelta
 from pathlib import Path as _Path
 
-from orbit_tasks.archive.time_limits import task_time_limits as _task_time_limits
+from orbit_tasks.archive_limits import task_time_limits as _task_time_limits
 from orbit_tasks.queues import CONTROL_QUEUE as _CONTROL
 from orbit_tasks.queues import SENDER_QUEUE as _SENDER
 from orbit_tasks.settings import get_settings as _get_settings
@@ -86,7 +86,7 @@ timezone = "UTC"
 enable_utc = True
 
 # Hard limit strictly below the archive lease so a stuck claim dies before another node may take
-# it over; the soft limit leaves time to release cleanly (orbit_tasks/archive/time_limits.py).
+# it over; the soft limit leaves time to release cleanly (orbit_tasks/archive_limits.py).
 task_time_limit, task_soft_time_limit = _task_time_limits(_settings.archive_lease_seconds)
 
 task_routes = {

@@ -28,10 +28,23 @@ _SQLITE_TABLE = re.compile(r"no such table: (?:\w+\.)?(\w+)")
 BUSINESS_TABLE_PREFIX = "sender_"
 
 
+# How the CLI words the fields that stores and rules name (orbit_tasks/errors.py).
+FIELD_FLAGS = {
+    "storage_id": "--storage",
+    "interval_seconds": "--interval",
+    "batch_size": "--batch-size",
+    "max_bytes": "--max-bytes",
+    "policy_revision": "--policy-revision",
+    "expect_revision": "--expect-revision",
+    "archive_after_seconds": "--archive-after",
+}
+
+
 def describe_error(exc: Exception) -> tuple[str, int]:
-    """The operator's line (without ``error: ``) and the exit code for ``exc``."""
+    """The operator's line (without ``error: ``) and the exit code for ``exc``; the fields an
+    error names are worded as the CLI's flags."""
     if isinstance(exc, OrbitError):
-        return str(exc), exc.exit_code
+        return exc.worded(FIELD_FLAGS), exc.exit_code
     if isinstance(exc, DBAPIError):
         setting = getattr(exc, SETTING_ATTR, None)
         where = "" if setting is None else f" [{setting}]"

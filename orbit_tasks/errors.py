@@ -3,15 +3,34 @@
 Every error the operator can see derives from :class:`OrbitError`; its ``exit_code`` is what the
 ``orbit`` CLI exits with (SPEC §9): 2 usage / invalid input, 3 conflict, 4 not found, 1 other.
 Messages name the bad value and the allowed range; they never carry secrets or business content.
+
+Stores and rules name the fields of their callers' values (``batch_size``, ``expect_revision``),
+never a command's flags: a message may hold ``{field}`` placeholders for the ``fields`` it names,
+``str(exc)`` shows the field names, and the CLI words them as its flags
+(:func:`orbit_tasks.error_lines.describe_error`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class OrbitError(Exception):
     """Base of every project error. ``exit_code`` 1 = other error."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, fields: tuple[str, ...] = ()) -> None:
+        self.template = message
+        self.fields = fields
+        super().__init__(self.worded({}))
+
+    def worded(self, names: Mapping[str, str]) -> str:
+        """The message with each ``{field}`` placeholder as ``names[field]`` (else the field)."""
+        text = self.template
+        for field in self.fields:  # plain replacement: braces in values stay as they are
+            text = text.replace("{" + field + "}", names.get(field, field))
+        return text
 
 
 class InvalidInput(OrbitError):

@@ -10,6 +10,8 @@ Actions:
 - ``hold:<marker>`` — create the marker file, then wait (holding whatever it holds: an open
   transaction, a file) until the test removes the marker; then continue. With ``SIGSTOP`` of
   the whole process group in between, a frozen node that comes back.
+- ``sleep:<seconds>`` — sleep that long, then continue (a slow disk or a busy host: claims that
+  reach the end of their time slice).
 - ``exit`` — ``os._exit(137)`` immediately (a crash without cleanup).
 - ``oserror:<ERRNO>`` — raise ``OSError`` with that errno name (e.g. ``oserror:EIO``), as the
   system call at this point would: tests the cleanup of every failure path of a durable write.
@@ -74,6 +76,9 @@ def hit(name: str) -> None:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if action.startswith("sleep:"):
+        time.sleep(float(action[len("sleep:") :]))
         return
     if action.startswith("hold:"):
         marker = Path(action[len("hold:") :])

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orbit_tasks import sender_limits
+from orbit_tasks import archive_limits, sender_limits
 from orbit_tasks.errors import InvalidInput
 
 LOG_FORMATS = ("text", "json")  # ORBIT_LOG_FORMAT; orbit_tasks.logs writes them
@@ -100,11 +100,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     var_dir = Path(env.get("ORBIT_VAR_DIR") or "var").resolve()
     lease = _int(env, "ORBIT_ARCHIVE_LEASE_SECONDS", 120, 4, 86400)
-    slice_s = _int(env, "ORBIT_ARCHIVE_SLICE_SECONDS", 20, 1, 86400)
-    if slice_s >= lease:
+    top = archive_limits.max_slice_seconds(lease)
+    # default: 20 s, or the longest slice a shorter lease allows
+    slice_s = _int(env, "ORBIT_ARCHIVE_SLICE_SECONDS", min(20, top), 1, 86400)
+    if slice_s > top:
+        # the slice must end one margin before the Celery soft limit (archive_limits.py)
         raise InvalidInput(
-            f"ORBIT_ARCHIVE_SLICE_SECONDS={slice_s} must be below "
-            f"ORBIT_ARCHIVE_LEASE_SECONDS={lease} (allowed 1..{lease - 1})"
+            f"ORBIT_ARCHIVE_SLICE_SECONDS={slice_s} is out of range for "
+            f"ORBIT_ARCHIVE_LEASE_SECONDS={lease} (allowed 1..{top}: a claim ends its slice "
+            "before the soft time limit)"
         )
     sender_lease = _int(
         env,

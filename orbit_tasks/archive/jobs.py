@@ -168,13 +168,15 @@ def check_retry(state: JobState, max_bytes: int, new_max_bytes: int | None) -> i
         return max_bytes
     if not MIN_MAX_BYTES <= new_max_bytes <= MAX_MAX_BYTES:
         raise InvalidInput(
-            f"--max-bytes {new_max_bytes} is out of range (allowed {MIN_MAX_BYTES} "
-            f"({format_size(MIN_MAX_BYTES)})..{MAX_MAX_BYTES} ({format_size(MAX_MAX_BYTES)}))"
+            f"{{max_bytes}} {new_max_bytes} is out of range (allowed {MIN_MAX_BYTES} "
+            f"({format_size(MIN_MAX_BYTES)})..{MAX_MAX_BYTES} ({format_size(MAX_MAX_BYTES)}))",
+            fields=("max_bytes",),
         )
     if new_max_bytes < max_bytes:
         raise InvalidInput(
-            f"--max-bytes {new_max_bytes} is lower than the job's max_bytes {max_bytes} "
-            f"(allowed {max_bytes}..{MAX_MAX_BYTES}; a retry may only raise the budget)"
+            f"{{max_bytes}} {new_max_bytes} is lower than the job's max_bytes {max_bytes} "
+            f"(allowed {max_bytes}..{MAX_MAX_BYTES}; a retry may only raise the budget)",
+            fields=("max_bytes",),
         )
     return new_max_bytes
 
@@ -197,4 +199,7 @@ def check_abandon(state: JobState, lease_until: datetime | None, now: datetime) 
 
 def check_expected_revision(actual: int, expected: int | None) -> None:
     if expected is not None and expected != actual:
-        raise StaleRevision(f"--expect-revision {expected} is stale (job revision is {actual})")
+        raise StaleRevision(
+            f"{{expect_revision}} {expected} is stale (job revision is {actual})",
+            fields=("expect_revision",),
+        )

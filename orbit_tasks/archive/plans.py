@@ -40,43 +40,52 @@ def validate_kind(kind: str) -> str:
     return kind
 
 
-def _int(value: object, what: str) -> int:
+def _int(value: object, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{what} {value!r} is not an integer")
+        raise InvalidInput(f"{{{field}}} {value!r} is not an integer", fields=(field,))
     return value
 
 
 def validate_interval(seconds: int) -> int:
-    seconds = _int(seconds, "--interval")
+    seconds = _int(seconds, "interval_seconds")
     if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
         raise InvalidInput(
-            f"--interval {seconds}s is out of range (allowed {MIN_INTERVAL}..{MAX_INTERVAL} "
-            f"seconds, {format_duration(MIN_INTERVAL)}..{format_duration(MAX_INTERVAL)})"
+            f"{{interval_seconds}} {seconds}s is out of range (allowed {MIN_INTERVAL}.."
+            f"{MAX_INTERVAL} seconds, {format_duration(MIN_INTERVAL)}.."
+            f"{format_duration(MAX_INTERVAL)})",
+            fields=("interval_seconds",),
         )
     return seconds
 
 
 def validate_batch_size(n: int) -> int:
-    n = _int(n, "--batch-size")
+    n = _int(n, "batch_size")
     if not MIN_BATCH <= n <= MAX_BATCH:
-        raise InvalidInput(f"--batch-size {n} is out of range (allowed {MIN_BATCH}..{MAX_BATCH})")
+        raise InvalidInput(
+            f"{{batch_size}} {n} is out of range (allowed {MIN_BATCH}..{MAX_BATCH})",
+            fields=("batch_size",),
+        )
     return n
 
 
 def validate_max_bytes(n: int) -> int:
-    n = _int(n, "--max-bytes")
+    n = _int(n, "max_bytes")
     if not MIN_MAX_BYTES <= n <= MAX_MAX_BYTES:
         raise InvalidInput(
-            f"--max-bytes {n} is out of range (allowed {MIN_MAX_BYTES}..{MAX_MAX_BYTES} bytes, "
-            f"{format_size(MIN_MAX_BYTES)}..{format_size(MAX_MAX_BYTES)})"
+            f"{{max_bytes}} {n} is out of range (allowed {MIN_MAX_BYTES}..{MAX_MAX_BYTES} bytes, "
+            f"{format_size(MIN_MAX_BYTES)}..{format_size(MAX_MAX_BYTES)})",
+            fields=("max_bytes",),
         )
     return n
 
 
 def validate_policy_revision(n: int) -> int:
-    n = _int(n, "--policy-revision")
+    n = _int(n, "policy_revision")
     if n < 1:
-        raise InvalidInput(f"--policy-revision {n} is out of range (allowed 1 or more)")
+        raise InvalidInput(
+            f"{{policy_revision}} {n} is out of range (allowed 1 or more)",
+            fields=("policy_revision",),
+        )
     return n
 
 

@@ -11,15 +11,15 @@ scanned again, and after ``PAGE_ATTEMPTS`` such conflicts its plans are handled 
 transaction (a page of one), so no decision is ever written over a row it did not see. Wake-ups
 are published after the transactions commit; losing them only delays work until the next sweep.
 
-Every read of the time goes through ``clock(conn)``: the database clock in production, fixed
-instants in the boundary tests (SPEC §2 "one clock").
+Every read of the time goes through ``clock.now(conn)``, the project's one
+:class:`~orbit_tasks.db.engine.Clock`: the database clock in production, a ``FixedClock`` in the
+boundary tests (SPEC §2 "one clock").
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,7 +30,7 @@ from orbit_tasks.archive import plans as plan_rules
 from orbit_tasks.archive.plans import TickAction
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
-from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import TransientError
 from orbit_tasks.ids import new_id
@@ -40,8 +40,6 @@ from orbit_tasks.settings import Settings
 
 log = logging.getLogger("orbit.archive.tick")
 
-# Reads "now" inside the caller's transaction. Production: ``db_now`` (SPEC §2).
-Clock = Callable[[Connection], datetime]
 
 DUE_PAGE = 256  # a power of two: full pages use the compare-and-set UPDATE without padding
 PAGE_ATTEMPTS = 3  # conflicting page transactions before the page's plans go one by one
@@ -74,7 +72,7 @@ def run_tick(
     settings: Settings,
     publish: Publisher = publish_wakeup,
     *,
-    clock: Clock = db_now,
+    clock: Clock = DB_CLOCK,
 ) -> TickReport:
     """One tick. Transient database or broker faults are logged and raised as TransientError
     (nothing is half-done: committed jobs are found again by the next tick's sweep)."""
@@ -82,7 +80,7 @@ def run_tick(
     stage = "plans"
     try:
         with engine.connect() as conn:
-            report.now = clock(conn)
+            report.now = clock.now(conn)
             storages = [bytes.fromhex(s["storage_id"]) for s in list_storages(conn)]
         report.storages = len(storages)
         for storage_id in storages:
@@ -172,7 +170,7 @@ def _tick_page(
     for attempt in range(1, PAGE_ATTEMPTS + 1):
         try:
             with engine.begin() as conn:
-                now = clock(conn)
+                now = clock.now(conn)
                 page = plan_store.due_plans(conn, storage_id, now, DUE_PAGE, after)
                 outcomes, writes = _decide(conn, page, now)
                 plan_store.write_tick(conn, writes, now)
@@ -203,7 +201,7 @@ def _tick_one(engine: Engine, seen: plan_store.Plan, clock: Clock) -> list[_Outc
     compare-and-set lost (another tick or an operator got there first)."""
     try:
         with engine.begin() as conn:
-            now = clock(conn)
+            now = clock.now(conn)
             plan = plan_store.get_plan(conn, seen.namespace_id, seen.kind)
             if plan is None:
                 return []
@@ -317,7 +315,7 @@ def _sweep_and_publish(
             return
         share = min(remaining, math.ceil(remaining / (len(storages) - index)))
         with engine.connect() as conn:
-            found = plan_store.sweep(conn, storage_id, clock(conn), share)
+            found = plan_store.sweep(conn, storage_id, clock.now(conn), share)
         for job in found:
             publish(storage_id, job.namespace_id, job.job_id, kind=job.kind)
             report.wakeups_published += 1

@@ -10,6 +10,7 @@ import click
 
 from orbit_tasks.cli.common import emit, emit_list, json_option
 from orbit_tasks.cli.db import sender_db_group
+from orbit_tasks.db.engine import DB_CLOCK
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
 from orbit_tasks.logs import log_action
@@ -147,7 +148,7 @@ def sender_requeue(ns: str, op: str, as_json: bool) -> None:
     ns = _namespace(ns)
     with business_engine().begin() as conn:
         row = _load(conn, ns, op)
-        now = sender_store.database_clock(conn)
+        now = DB_CLOCK.now(conn)
         why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
         if why:
             raise IllegalState(f"cannot requeue {ns}/{op}: {why}")

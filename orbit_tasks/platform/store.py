@@ -177,8 +177,9 @@ def add_policy_revision(
     history_kind(kind)
     if not MIN_ARCHIVE_AFTER <= archive_after_seconds <= MAX_ARCHIVE_AFTER:
         raise InvalidInput(
-            f"--archive-after {archive_after_seconds}s is out of range "
-            f"(allowed {MIN_ARCHIVE_AFTER}s (1h)..{MAX_ARCHIVE_AFTER}s)"
+            f"{{archive_after_seconds}} {archive_after_seconds}s is out of range "
+            f"(allowed {MIN_ARCHIVE_AFTER}s (1h)..{MAX_ARCHIVE_AFTER}s)",
+            fields=("archive_after_seconds",),
         )
     require_active_namespace(conn, ns_id)
     current = conn.execute(

@@ -15,6 +15,7 @@ import datetime as dt
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from orbit_tasks import failpoints
+from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
@@ -40,11 +42,12 @@ SWEEP_LIMIT = 500
 # credential can claim), so once per interval per process is enough and keeps big backlogs cheap.
 SWEEP_INTERVAL_SECONDS = 30.0
 QUEUE_SCAN_SECONDS = 10.0  # how often the namespace's queues with outbox rows are re-read
+# Answers whose Retry-After holds every send to that (namespace, queue) in this process.
+HOLD_STATUSES = frozenset({429, 503})
 DEFAULT_CLAIM_SECONDS = 20.0
 PAGE_PER_THREAD = 2
 WINDOW_PER_THREAD = 4
 T = TypeVar("T")
-Clock = store.Clock
 Monotonic = Callable[[], float]
 LogEntry = tuple[str, int, dict[str, Any]]
 
@@ -77,7 +80,7 @@ class Relay:
         timeout_seconds: float,
         concurrency: int,
         rng: policy.RandomSource | None = None,
-        clock: Clock = store.database_clock,
+        clock: Clock = DB_CLOCK,
         monotonic: Monotonic = time.monotonic,
     ) -> None:
         self.engine = engine
@@ -90,6 +93,9 @@ class Relay:
         self.monotonic = monotonic
         self._queue_offset = 0
         self._ns_queues: dict[str, tuple[float, frozenset[str]]] = {}
+        # (namespace, queue) -> monotonic end of a Retry-After the platform asked for
+        self._holds: dict[tuple[str, str], float] = {}
+        self._holds_lock = threading.Lock()
         self._last_sweep: float | None = None
 
     # --- transactions --------------------------------------------------------------------------
@@ -123,7 +129,7 @@ class Relay:
 
     def sweep(self) -> int:
         moved = self._transaction(
-            lambda conn, _b: store.sweep_deadlines(conn, self.clock(conn), SWEEP_LIMIT)
+            lambda conn, _b: store.sweep_deadlines(conn, self.clock.now(conn), SWEEP_LIMIT)
         )
         if moved:
             log_action(logger, "sender.sweep.deadline_exceeded", rows=moved)
@@ -165,6 +171,8 @@ class Relay:
         for queue in queues[start:] + queues[:start]:
             if len(claimed) >= limit:
                 break
+            if self.held(identity.namespace_id, queue):
+                continue  # the platform asked this queue to wait: claim nothing of it
             ready: list[store.Candidate] = []
             for cand in store.due_candidates(
                 conn, identity.namespace_id, queue, now, limit - len(claimed)
@@ -201,7 +209,7 @@ class Relay:
             # Read before the clock: the time since ``mono`` is never less than the time since
             # ``now`` (the deadline and lease checks before the POST rely on it).
             mono = self.monotonic()
-            return self._claim(conn, identity, limit, self.clock(conn), mono, batched, log)
+            return self._claim(conn, identity, limit, self.clock.now(conn), mono, batched, log)
 
         got = self._transaction(run)
         _flush(log)
@@ -216,6 +224,8 @@ class Relay:
         need = self.timeout_seconds * (1 if self.client.identity_is_fresh() else 2)
         if self.monotonic() + need > pass_end:
             return Sent(owned, "release", reason="pass_end")
+        if self.held(row.namespace_id, row.queue_id):
+            return Sent(owned, "release", reason="queue_held")
         try:
             identity = self.client.identity()
         except IdentityUnavailable:
@@ -246,7 +256,35 @@ class Relay:
         )
         if result.status in (401, 403):
             self.client.invalidate_identity()
+        if result.status in HOLD_STATUSES:
+            now = row.claimed_at + dt.timedelta(seconds=self.monotonic() - owned.mono)
+            wait = policy.parse_retry_after(result.retry_after, now)
+            if wait:
+                self.hold(row.namespace_id, row.queue_id, wait, result.status)
         return Sent(owned, "sent", result=result)
+
+    # --- queue-wide back-off -------------------------------------------------------------------
+
+    def held(self, namespace_id: str, queue_id: str) -> bool:
+        """Whether a Retry-After of this (namespace, queue) is still running in this process."""
+        with self._holds_lock:
+            until = self._holds.get((namespace_id, queue_id))
+        return until is not None and self.monotonic() < until
+
+    def hold(self, namespace_id: str, queue_id: str, seconds: float, status: int) -> None:
+        """Hold every send to (namespace, queue) for ``seconds`` (a 429 or 503 with
+        ``Retry-After``): the rest of that queue waits with the row that was told so, instead of
+        hitting a platform that asked everyone to wait; other queues keep flowing."""
+        until = self.monotonic() + seconds
+        with self._holds_lock:
+            key = (namespace_id, queue_id)
+            if until <= self._holds.get(key, -math.inf):
+                return
+            self._holds[key] = until
+        log_action(
+            logger, "sender.queue.held", namespace_id=namespace_id, queue_id=queue_id,
+            seconds=seconds, status=status,
+        )  # fmt: skip
 
     # --- one row: the fenced outcome write (the pass's thread) ---------------------------------
 
@@ -359,7 +397,7 @@ class Relay:
 
             def run(conn: Connection, _batched: bool) -> str:
                 log.clear()
-                return self.record(conn, sent, self.clock(conn), log)
+                return self.record(conn, sent, self.clock.now(conn), log)
 
             label = self._transaction(run)
             _flush(log)
@@ -474,7 +512,7 @@ class Relay:
         def run(c: Connection, batched: bool) -> tuple[list[str], list[Owned], int, int]:
             log.clear()
             mono = self.monotonic()
-            now = self.clock(c)
+            now = self.clock.now(c)
             labels = self.record_all(c, sents, now, batched, log)
             if identity is None:
                 return labels, [], 0, 0

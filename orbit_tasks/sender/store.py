@@ -4,16 +4,15 @@ Ownership of a row is the compare-and-set claim (``state``/``lease_epoch``/``wak
 every outcome write is fenced by ``lease_epoch = :mine AND state = 'SENDING'``: ``rowcount != 1``
 means a newer claim owns the row and the result is dropped.
 
-Time: every function takes ``now`` as a value. Callers read it through one seam, a
-:data:`Clock` (default :func:`database_clock`, SPEC §2 "one clock"), so that tests can put the
-store at ``boundary - 1 µs``, ``= boundary`` and ``+ 1 µs`` without sleeping.
+Time: every function takes ``now`` as a value. Callers read it through the project's one seam,
+:class:`orbit_tasks.db.engine.Clock` (default ``DB_CLOCK``, SPEC §2 "one clock"), so that tests
+can put the store at ``boundary - 1 µs``, ``= boundary`` and ``+ 1 µs`` without sleeping.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,19 +20,12 @@ from sqlalchemy import and_, bindparam, case, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
-from orbit_tasks.db.engine import db_now, is_mysql
+from orbit_tasks.db.engine import is_mysql
 from orbit_tasks.sender import policy
 from orbit_tasks.sender.policy import OutboxState
 
 o = sender_outbox
 j = sender_jobs
-
-Clock = Callable[[Connection], dt.datetime]
-
-
-def database_clock(conn: Connection) -> dt.datetime:
-    """The business database's clock (UTC, naive): the default :data:`Clock`."""
-    return db_now(conn)
 
 
 @dataclass(frozen=True)

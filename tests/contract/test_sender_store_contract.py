@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
+from orbit_tasks.db.engine import FixedClock
 from orbit_tasks.sender import policy, store
 from orbit_tasks.sender.client import Identity, PlatformClient, SendResult
 from orbit_tasks.sender.relay import Owned, PassStats, Relay, Sent
@@ -59,7 +60,7 @@ def relay_at(
         lease_seconds=LEASE,
         timeout_seconds=timeout,
         concurrency=4,
-        clock=lambda _conn: now,
+        clock=FixedClock(now),
         monotonic=lambda: mono,
     )
 

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, delete, insert, select, update
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import Publisher
+from orbit_tasks.db.engine import FixedClock
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
@@ -93,7 +94,7 @@ class Plan:
 
 def tick_at(engine: Engine, now: dt.datetime, publisher: Publisher) -> TickReport:
     settings = load_settings({"ORBIT_VAR_DIR": "/tmp/orbit-tick-unused"})
-    return run_tick(engine, settings, publisher, clock=lambda _conn: now)
+    return run_tick(engine, settings, publisher, clock=FixedClock(now))
 
 
 def test_due_decision_at_next_run_minus_equal_and_plus_one_microsecond(

@@ -8,6 +8,8 @@ ACCEPTED row holds the platform's original receipt byte-exact."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from sqlalchemy import Engine
 
@@ -197,3 +199,40 @@ def test_key_reused_with_another_body_is_a_conflict(world: World) -> None:
         assert platform_task_count(world.platform, ["op-" + op]) == {"op-" + op: 1}
         check_invariants(first, world.platform)
         check_invariants(second, world.platform)
+
+
+def test_retry_after_holds_the_whole_queue_and_only_that_queue(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    """Issue 17 item 4: a 429 with ``Retry-After: 2`` to one row of queue q0 holds every send to
+    q0 in that sender process for 2 s (before, only that row waited and the rest of q0 kept
+    hitting the platform); q1 keeps flowing meanwhile."""
+    _, engine = business
+    queues = world.queues[:2]
+    ops = enqueue_many(engine, world.ns, queues, 40)
+    q0 = {"op-" + op for op in ops[0::2]}  # enqueue_many assigns the queues in turn
+    told: list[str] = []
+    lock = threading.Lock()
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if method != "POST" or key is None:
+            return PASS
+        with lock:
+            if key in q0 and not told:
+                told.append(key)
+                return Fault("status", 429, (("Retry-After", "2"),))
+        return Fault("sleep", seconds=0.1)  # sends take a while: q1's spread over the hold
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token, concurrency=4)
+        drive(relay, engine)
+        relay.client.close()
+    check_invariants(engine, world.platform, require_accepted=True)
+    posts = [p for p in proxy.posts() if p.method == "POST"]
+    t429 = next(p.at for p in posts if p.action == "status")
+    grace = 0.1  # a send already on its way when the 429 arrived
+    during = [p for p in posts if t429 + grace < p.at < t429 + 2.0]
+    assert not [p for p in during if p.key in q0], "a send to the held queue"
+    assert [p for p in during if p.key not in q0], "the other queue stopped too"
+    resumed = [p.at for p in posts if p.key in q0 and p.at > t429 + grace]
+    assert resumed and min(resumed) >= t429 + 2.0  # q0 resumes once the 2 s are over

@@ -157,6 +157,34 @@ def test_time_slice_releases_and_continues(
 
 
 @pytest.mark.slow
+def test_the_smallest_lease_with_the_largest_allowed_slice_end_to_end(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Issue 16 item 8: lease 4 s (soft limit 2 s) with the largest slice the settings allow
+    (1 s). Slow batches (0.15 s each) make every claim reach the end of its slice: it stops at
+    the batch boundary and releases, before the soft limit, and a real worker drains the job
+    with no claim killed by a time limit."""
+    with archive_env(
+        mariadb_url, platform_engine, tmp_path,
+        ORBIT_ARCHIVE_LEASE_SECONDS="4", ORBIT_ARCHIVE_SLICE_SECONDS="1",
+    ) as ae:  # fmt: skip
+        ns, q = make_namespace(platform_engine, "tight")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=5)
+        seed(platform_engine, ns, q, "events", 80)
+        w = ae.worker("tight", [vol], failpoints="archive.after_file_write=sleep:0.15")
+        job = create_job(ae, ns, "events")
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done.state is JobState.SUCCEEDED, done
+        log = w.text()
+        assert log.count("archive.job.released") >= 2  # slices ended at batch boundaries
+        assert "archive.job.time_limit" not in log and "Soft time limit" not in log
+        assert "exited with" not in log
+        assert_succeeded_exactly(ae, done, vol)
+
+
+@pytest.mark.slow
 def test_two_workers_archive_all_kinds_then_only_the_new_roots(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path
 ) -> None:

@@ -287,7 +287,7 @@ def test_set_plan_store_errors(platform_engine: Engine) -> None:
     w.set()
     with pytest.raises(StaleRevision):
         w.set(batch_size=3, expect_revision=7)
-    with pytest.raises(InvalidInput, match="--expect-revision -1"):
+    with pytest.raises(InvalidInput, match="expect_revision -1"):
         w.set(batch_size=3, expect_revision=-1)
     with platform_engine.begin() as conn:
         store.set_namespace_state(conn, w.ns, "DISABLED")

@@ -506,15 +506,15 @@ def test_manifest_tables_outside_the_kind_are_refused(
     """Issue 14 item 6.5: a verified format-2 job whose manifest names a table that is not one of
     its kind's (here the platform's credential table as the root) is refused before anything is
     written (children: tests/unit/test_restore_kind_tables.py)."""
-    from orbit_tasks.archive import fileformat
+    from orbit_tasks.archive.format import manifest
 
-    real = fileformat.source_descriptor
+    real = manifest.source_descriptor
 
     def foreign(kind: Any) -> dict[str, Any]:
         return {**real(kind), "table": "orbit_credentials"}
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        monkeypatch.setattr(fileformat, "source_descriptor", foreign)
+        monkeypatch.setattr(manifest, "source_descriptor", foreign)
         job, vol = _tasks_job(ae, tmp_path)
         monkeypatch.undo()
         env = orbit_env(mariadb_url)

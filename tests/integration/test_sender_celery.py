@@ -18,6 +18,7 @@ from celery import Celery
 from sqlalchemy import Engine, text
 
 from tests.support import sender as sender_support
+from tests.support.db import open_write_transactions
 from tests.support.sender import (
     REDIS_URL,
     World,
@@ -228,20 +229,6 @@ def test_short_leases_pass_within_their_time_limits(
     assert "SoftTimeLimitExceeded" not in out and "TimeLimitExceeded" not in out, out[-3000:]
 
 
-def _open_write_transactions(engine: Engine) -> list[int]:
-    """Rows modified by each open transaction of another session (a frozen sender's page)."""
-    with engine.connect() as conn:
-        return [
-            int(n)
-            for (n,) in conn.execute(
-                text(
-                    "SELECT trx_rows_modified FROM information_schema.innodb_trx "
-                    "WHERE trx_rows_modified > 0 AND trx_mysql_thread_id <> CONNECTION_ID()"
-                )
-            )
-        ]
-
-
 def _accepted(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(
@@ -284,12 +271,12 @@ def test_a_frozen_sender_holding_a_page_of_claims_blocks_nothing(
     assert marker.exists(), "the first sender never claimed"
     os.killpg(frozen.pid, signal.SIGSTOP)
     stopped = time.monotonic()
-    (held,) = _open_write_transactions(engine)  # the page, locked and not committed
+    (held,) = open_write_transactions(engine)  # the page, locked and not committed
     assert 0 < held < total
     workers.start("sender-live", env)
     # The live sender delivers every row but the held page while the page is still locked.
     end = stopped + lease
-    while _open_write_transactions(engine) and time.monotonic() < end:
+    while open_write_transactions(engine) and time.monotonic() < end:
         tick(beat)
         time.sleep(0.3)
     rolled_back = time.monotonic() - stopped

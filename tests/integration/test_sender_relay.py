@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -17,6 +18,7 @@ from orbit_tasks.sender import policy, store
 from tests.support import sender as sender_support
 from tests.support.db import migrated_engine
 from tests.support.sender import (
+    ShiftedClock,
     World,
     check_invariants,
     drive,
@@ -360,12 +362,13 @@ def test_claim_just_before_the_deadline_is_not_sent_after_it(
     _, engine = business
     (op,) = enqueue_many(engine, world.ns, world.queues[:1], 1)
 
-    def slow_clock(conn: object) -> dt.datetime:
-        now = db_now(conn)  # type: ignore[arg-type]
-        time.sleep(0.6)  # the rest of the transaction takes this long
-        return now
+    class SlowClock(ShiftedClock):
+        def now(self, conn: Any) -> dt.datetime:
+            now = super().now(conn)
+            time.sleep(0.6)  # the rest of the transaction takes this long
+            return now
 
-    relay = make_relay(engine, world.api.base_url, world.token, clock=slow_clock)
+    relay = make_relay(engine, world.api.base_url, world.token, clock=SlowClock(0))
     identity = relay.client.identity()
     deadline = _age(engine, [op], 0.3)
     owned, _, _ = relay.claim_batch(identity, 10)

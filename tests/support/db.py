@@ -52,3 +52,20 @@ def migrated_engine(url: str, chain: str) -> Iterator[Engine]:
         yield engine
     finally:
         engine.dispose()
+
+
+def open_write_transactions(engine: Engine) -> list[int]:
+    """Rows modified by each open transaction of another session on ``engine``'s database (a
+    frozen holder's), on MariaDB: other databases of the server are other tests'."""
+    with engine.connect() as conn:
+        return [
+            int(n)
+            for (n,) in conn.execute(
+                text(
+                    "SELECT t.trx_rows_modified FROM information_schema.innodb_trx t "
+                    "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id "
+                    "WHERE t.trx_rows_modified > 0 AND p.id <> CONNECTION_ID() "
+                    "AND p.db = DATABASE()"
+                )
+            )
+        ]

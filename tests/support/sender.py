@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, func, select, text
 
-from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.engine import DB_CLOCK, Clock, db_now
 from orbit_tasks.db.history_tables import idempotency_records, tasks
 from orbit_tasks.platform import store as platform_store
 from orbit_tasks.sender import enqueue
 from orbit_tasks.sender.client import PlatformClient
-from orbit_tasks.sender.relay import Clock, Relay
+from orbit_tasks.sender.relay import Relay
 from tests.support.api_server import ApiServer, running_api_server
 from tests.support.db import mariadb_database, migrated_engine, redis_url
 
@@ -119,7 +119,7 @@ def make_relay(
     lease: int = 10,
     timeout: float = 2.0,
     concurrency: int = 4,
-    clock: Clock = db_now,
+    clock: Clock = DB_CLOCK,
 ) -> Relay:
     client = PlatformClient(url, token, timeout_seconds=timeout, max_connections=concurrency)
     return Relay(
@@ -233,13 +233,21 @@ def check_invariants(
     return states
 
 
+class ShiftedClock:
+    """The database clock moved by ``seconds`` (a sender that believes it is later)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def now(self, conn: Any) -> dt.datetime:
+        return db_now(conn) + dt.timedelta(seconds=self.seconds)
+
+    def sql(self, seconds: int = 0) -> Any:
+        return DB_CLOCK.sql(round(self.seconds) + seconds)
+
+
 def shift_clock(seconds: float) -> Clock:
-    """A database clock moved by ``seconds`` (a sender that believes it is later)."""
-
-    def clock(conn: Any) -> dt.datetime:
-        return db_now(conn) + dt.timedelta(seconds=seconds)
-
-    return clock
+    return ShiftedClock(seconds)
 
 
 def celery_env(

@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from orbit_tasks.archive.plans import validate_batch_size
 from orbit_tasks.db.engine import SETTING_ATTR, parse_database_url, redact_url
 from orbit_tasks.error_lines import describe_error, missing_table
 from orbit_tasks.errors import InvalidInput, NotFound
@@ -103,3 +104,18 @@ def test_parse_database_url_refusals_name_the_variable(url: str, needle: str) ->
     with pytest.raises(InvalidInput, match="ORBIT_X") as err:
         parse_database_url(url, "ORBIT_X")
     assert needle in str(err.value)
+
+
+def test_stores_name_fields_and_the_cli_words_them_as_flags() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_batch_size(0)
+    assert str(caught.value) == "batch_size 0 is out of range (allowed 1..100)"
+    assert describe_error(caught.value) == ("--batch-size 0 is out of range (allowed 1..100)", 2)
+    needs = InvalidInput(
+        "a new plan needs {storage_id}, {interval_seconds}",
+        fields=("storage_id", "interval_seconds"),
+    )
+    assert str(needs) == "a new plan needs storage_id, interval_seconds"
+    assert describe_error(needs)[0] == "a new plan needs --storage, --interval"
+    braces = InvalidInput("{max_bytes} {'a': 1} is not an integer", fields=("max_bytes",))
+    assert describe_error(braces)[0] == "--max-bytes {'a': 1} is not an integer"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from orbit_tasks.archive_limits import max_slice_seconds, task_time_limits
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.ids import from_hex, is_hex_id, new_id, random_id, to_hex, uuid7_bytes
 from orbit_tasks.settings import load_settings
@@ -132,14 +133,14 @@ def test_settings_read_the_environment() -> None:
             "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
             "ORBIT_API_URL": "http://api:8080/",
             "ORBIT_ARCHIVE_LEASE_SECONDS": "300",
-            "ORBIT_ARCHIVE_SLICE_SECONDS": "299",
+            "ORBIT_ARCHIVE_SLICE_SECONDS": "270",  # the longest (soft limit 280 - margin 10)
             "ORBIT_ACTOR": "alice",
             "ORBIT_TICK_SECONDS": "",  # empty = default
         }
     )
     assert s.database_url.endswith("/p") and not s.broker_is_filesystem
     assert s.api_url == "http://api:8080"
-    assert (s.archive_lease_seconds, s.archive_slice_seconds) == (300, 299)
+    assert (s.archive_lease_seconds, s.archive_slice_seconds) == (300, 270)
     assert s.actor == "alice" and s.tick_seconds == 60
     assert s.with_overrides(tick_seconds=5).tick_seconds == 5
 
@@ -166,8 +167,22 @@ def test_settings_out_of_range_names_variable_and_range(name: str, value: str, n
     assert value in message
 
 
-@pytest.mark.parametrize(("lease", "slice_s"), [("120", "120"), ("30", "31"), (None, "120")])
-def test_settings_refuse_slice_not_below_lease(lease: str | None, slice_s: str) -> None:
+@pytest.mark.parametrize(
+    ("lease", "slice_s", "top"),
+    [
+        ("120", "120", 90),
+        ("120", "101", 90),  # issue 16 item 8: below the lease, past the soft limit
+        ("120", "91", 90),
+        ("30", "16", 15),
+        ("4", "2", 1),  # the soft limit is 2 s: a 2 s slice died on it
+        ("4", "3", 1),
+        ("6", "4", 3),
+        (None, "120", 90),
+    ],
+)
+def test_settings_refuse_a_slice_that_cannot_end_before_the_soft_limit(
+    lease: str | None, slice_s: str, top: int
+) -> None:
     env = {"ORBIT_ARCHIVE_SLICE_SECONDS": slice_s}
     if lease is not None:
         env["ORBIT_ARCHIVE_LEASE_SECONDS"] = lease
@@ -175,4 +190,25 @@ def test_settings_refuse_slice_not_below_lease(lease: str | None, slice_s: str) 
         load_settings(env)
     message = str(info.value)
     assert "ORBIT_ARCHIVE_SLICE_SECONDS" in message and "ORBIT_ARCHIVE_LEASE_SECONDS" in message
-    assert f"1..{int(lease or 120) - 1}" in message
+    assert f"allowed 1..{top}" in message
+
+
+@pytest.mark.parametrize("lease", [4, 5, 6, 7, 8, 12, 30, 60, 120, 600, 86400])
+def test_the_longest_slice_ends_a_margin_before_the_soft_limit(lease: int) -> None:
+    hard, soft = task_time_limits(lease)
+    top = max_slice_seconds(lease)
+    assert 1 <= top < soft < hard < lease
+    assert (
+        load_settings(
+            {"ORBIT_ARCHIVE_LEASE_SECONDS": str(lease), "ORBIT_ARCHIVE_SLICE_SECONDS": str(top)}
+        ).archive_slice_seconds
+        == top
+    )
+
+
+@pytest.mark.parametrize(
+    ("lease", "default"), [(4, 1), (8, 5), (30, 15), (36, 18), (40, 20), (120, 20)]
+)
+def test_the_default_slice_fits_the_lease(lease: int, default: int) -> None:
+    s = load_settings({"ORBIT_ARCHIVE_LEASE_SECONDS": str(lease)})
+    assert s.archive_slice_seconds == default == min(20, max_slice_seconds(lease))

@@ -116,7 +116,7 @@ def test_abandon_transitions() -> None:
 def test_expected_revision() -> None:
     check_expected_revision(7, None)
     check_expected_revision(7, 7)
-    with pytest.raises(StaleRevision, match="--expect-revision 6"):
+    with pytest.raises(StaleRevision, match="expect_revision 6"):
         check_expected_revision(7, 6)
 
 

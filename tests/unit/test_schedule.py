@@ -37,7 +37,7 @@ def test_interval_inside_bounds_is_accepted(interval: int) -> None:
 def test_interval_outside_bounds_names_value_and_range(interval: int) -> None:
     with pytest.raises(InvalidInput) as exc:
         s.validate_config(cfg(interval_seconds=interval))
-    assert f"--interval {interval}s" in str(exc.value)
+    assert f"interval_seconds {interval}s" in str(exc.value)
     assert "3600..2592000" in str(exc.value)
 
 
@@ -48,9 +48,7 @@ def test_batch_size_bounds_accepted(n: int) -> None:
 
 @pytest.mark.parametrize("n", [0, 101])
 def test_batch_size_outside_bounds(n: int) -> None:
-    with pytest.raises(
-        InvalidInput, match=rf"--batch-size {n} is out of range \(allowed 1\.\.100\)"
-    ):
+    with pytest.raises(InvalidInput, match=rf"batch_size {n} is out of range \(allowed 1\.\.100\)"):
         s.validate_config(cfg(batch_size=n))
 
 
@@ -63,7 +61,7 @@ def test_max_bytes_bounds_accepted(n: int) -> None:
 def test_max_bytes_outside_bounds(n: int) -> None:
     with pytest.raises(InvalidInput) as exc:
         s.validate_config(cfg(max_bytes=n))
-    assert f"--max-bytes {n} " in str(exc.value)
+    assert f"max_bytes {n} " in str(exc.value)
     assert "1048576..1073741824" in str(exc.value) and "1MiB..1GiB" in str(exc.value)
 
 
@@ -76,7 +74,7 @@ def test_unknown_kind_lists_allowed_kinds() -> None:
 
 @pytest.mark.parametrize("rev", [0, -1])
 def test_policy_revision_must_be_positive(rev: int) -> None:
-    with pytest.raises(InvalidInput, match=rf"--policy-revision {rev} is out of range"):
+    with pytest.raises(InvalidInput, match=rf"policy_revision {rev} is out of range"):
         s.validate_config(cfg(policy_revision=rev))
     assert s.validate_config(cfg(policy_revision=1)).policy_revision == 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orbit_tasks.archive.time_limits import task_time_limits
+from orbit_tasks.archive_limits import task_time_limits
 from orbit_tasks.db.session_bounds import (
     bounds_for_lease,
     connect_args,

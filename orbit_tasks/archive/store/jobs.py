@@ -44,8 +44,7 @@ from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
-from orbit_tasks.db.platform_tables import archive_plans
-from orbit_tasks.db.platform_tables import archive_policies as P
+from orbit_tasks.db.platform_tables import archive_plans, archive_policies
 from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
 from orbit_tasks.ids import random_id
 from orbit_tasks.platform.store import insert_audit
@@ -530,8 +529,10 @@ def policy_seconds(
 ) -> dict[int, int]:
     """``archive_after_seconds`` of the given policy revisions; POLICY_MISSING if one is gone."""
     rows = conn.execute(
-        select(P.c.revision, P.c.archive_after_seconds).where(
-            P.c.namespace_id == ns_id, P.c.kind == kind, P.c.revision.in_(sorted(revisions))
+        select(archive_policies.c.revision, archive_policies.c.archive_after_seconds).where(
+            archive_policies.c.namespace_id == ns_id,
+            archive_policies.c.kind == kind,
+            archive_policies.c.revision.in_(sorted(revisions)),
         )
     ).all()
     found = {int(rev): int(seconds) for rev, seconds in rows}

@@ -49,13 +49,6 @@ from orbit_tasks.platform.store import (
 
 P = archive_plans.c
 J = archive_jobs.c
-OPTION_NAMES = {
-    "storage_id": "--storage",
-    "interval_seconds": "--interval",
-    "batch_size": "--batch-size",
-    "max_bytes": "--max-bytes",
-    "policy_revision": "--policy-revision",
-}
 CONFIG_FIELDS = (
     "enabled",
     "policy_revision",
@@ -168,17 +161,7 @@ def set_plan(
     change to identical values writes nothing. Raises InvalidInput / NotFound / IllegalState /
     StaleRevision before anything is written.
     """
-    plans.validate_kind(kind)
-    if expect_revision is not None and expect_revision < 0:
-        raise InvalidInput(
-            f"--expect-revision {expect_revision} is out of range (allowed 0 or more)"
-        )
-    state = namespace_state_shared(conn, ns_id)
-    if state is None:
-        raise NotFound(f"namespace {ns_id.hex()} does not exist")
-    if state != "ACTIVE":
-        raise IllegalState(f"namespace {ns_id.hex()} is {state}, not ACTIVE")
-
+    _check_target(conn, ns_id, kind, expect_revision)
     current = get_plan(conn, ns_id, kind)
     given: dict[str, Any] = {
         "storage_id": storage_id,
@@ -187,25 +170,86 @@ def set_plan(
         "max_bytes": max_bytes,
         "policy_revision": policy_revision,
     }
+    merged, new_enabled = _merge(kind, current, given, enabled, expect_revision)
+    values = _checked_values(conn, ns_id, kind, merged, new_enabled)
+    next_run = plans.next_run_on_change(
+        None if current is None else current.enabled,
+        new_enabled,
+        None if current is None else current.next_run_at,
+        now,
+    )
     if current is None:
-        missing = [OPTION_NAMES[k] for k, v in given.items() if v is None]
+        changes = _insert_plan(conn, ns_id, kind, values, next_run, now)
+        revision = 1
+    else:
+        changes = _update_plan(conn, current, values, next_run, now)
+        if not changes:
+            return SetPlanResult(current, created=False, changed=False)
+        revision = current.revision + 1
+    insert_audit(
+        conn,
+        ns_id,
+        actor=actor,
+        action="archive.plan.set",
+        target_kind="archive_plan",
+        target_id=kind,
+        detail={"kind": kind, "revision": revision, "created": current is None, "changes": changes},
+        at=now,
+    )
+    plan = get_plan(conn, ns_id, kind)
+    assert plan is not None
+    return SetPlanResult(plan, created=current is None, changed=True)
+
+
+def _check_target(conn: Connection, ns_id: bytes, kind: str, expect_revision: int | None) -> None:
+    """The kind, the expected revision's range, and an ACTIVE namespace (shared lock)."""
+    plans.validate_kind(kind)
+    if expect_revision is not None and expect_revision < 0:
+        raise InvalidInput(
+            f"{{expect_revision}} {expect_revision} is out of range (allowed 0 or more)",
+            fields=("expect_revision",),
+        )
+    state = namespace_state_shared(conn, ns_id)
+    if state is None:
+        raise NotFound(f"namespace {ns_id.hex()} does not exist")
+    if state != "ACTIVE":
+        raise IllegalState(f"namespace {ns_id.hex()} is {state}, not ACTIVE")
+
+
+def _merge(
+    kind: str,
+    current: Plan | None,
+    given: dict[str, Any],
+    enabled: bool | None,
+    expect_revision: int | None,
+) -> tuple[dict[str, Any], bool]:
+    """The plan's values after the change (None keeps the current value) and its ``enabled``;
+    a new plan needs every value, and the expected revision must match."""
+    if current is None:
+        missing = tuple(k for k, v in given.items() if v is None)
         if missing:
-            raise InvalidInput(f"a new plan needs {', '.join(missing)}")
+            needs = ", ".join("{" + k + "}" for k in missing)
+            raise InvalidInput(f"a new plan needs {needs}", fields=missing)
         if expect_revision not in (None, 0):
             raise StaleRevision(
                 f"plan {kind!r} does not exist (expected revision {expect_revision}; use 0 or "
-                "omit --expect-revision to create it)"
+                "omit {expect_revision} to create it)",
+                fields=("expect_revision",),
             )
-        merged = given
-        new_enabled = bool(enabled)
-    else:
-        if expect_revision is not None and expect_revision != current.revision:
-            raise StaleRevision(
-                f"plan {kind!r} is at revision {current.revision}, not {expect_revision}"
-            )
-        merged = {k: getattr(current, k) if v is None else v for k, v in given.items()}
-        new_enabled = current.enabled if enabled is None else enabled
+        return given, bool(enabled)
+    if expect_revision is not None and expect_revision != current.revision:
+        raise StaleRevision(
+            f"plan {kind!r} is at revision {current.revision}, not {expect_revision}"
+        )
+    merged = {k: getattr(current, k) if v is None else v for k, v in given.items()}
+    return merged, current.enabled if enabled is None else enabled
 
+
+def _checked_values(
+    conn: Connection, ns_id: bytes, kind: str, merged: dict[str, Any], new_enabled: bool
+) -> dict[str, Any]:
+    """Every value in its range, a registered storage and an existing policy revision: the
+    columns to write."""
     config = plans.validate_config(
         plans.PlanConfig(
             kind=kind,
@@ -226,11 +270,11 @@ def set_plan(
         )
     if config.policy_revision > latest:
         raise InvalidInput(
-            f"--policy-revision {config.policy_revision} does not exist for kind {kind!r} "
-            f"(allowed 1..{latest})"
+            f"{{policy_revision}} {config.policy_revision} does not exist for kind {kind!r} "
+            f"(allowed 1..{latest})",
+            fields=("policy_revision",),
         )
-
-    values: dict[str, Any] = dict(
+    return dict(
         enabled=new_enabled,
         policy_revision=config.policy_revision,
         storage_id=new_storage,
@@ -238,60 +282,64 @@ def set_plan(
         batch_size=config.batch_size,
         max_bytes=config.max_bytes,
     )
-    next_run = plans.next_run_on_change(
-        None if current is None else current.enabled,
-        new_enabled,
-        None if current is None else current.next_run_at,
-        now,
-    )
-    if current is None:
-        try:
-            conn.execute(
-                insert(archive_plans).values(
-                    namespace_id=ns_id,
-                    kind=kind,
-                    revision=1,
-                    next_run_at=next_run,
-                    active_job_id=None,
-                    created_at=now,
-                    updated_at=now,
-                    **values,
-                )
+
+
+def _insert_plan(
+    conn: Connection,
+    ns_id: bytes,
+    kind: str,
+    values: dict[str, Any],
+    next_run: dt.datetime | None,
+    now: dt.datetime,
+) -> dict[str, list[Any]]:
+    """A new plan at revision 1; returns the audit's changes."""
+    try:
+        conn.execute(
+            insert(archive_plans).values(
+                namespace_id=ns_id,
+                kind=kind,
+                revision=1,
+                next_run_at=next_run,
+                active_job_id=None,
+                created_at=now,
+                updated_at=now,
+                **values,
             )
-        except IntegrityError:
-            raise StaleRevision(f"plan {kind!r} was created concurrently; retry") from None
-        changes = {k: [None, _show(v)] for k, v in values.items()}
-        revision = 1
-    else:
-        old = {k: getattr(current, k) for k in CONFIG_FIELDS}
-        changes = {k: [_show(old[k]), _show(v)] for k, v in values.items() if old[k] != v}
-        if not changes:
-            return SetPlanResult(current, created=False, changed=False)
-        revision = current.revision + 1
-        # next_run_at is written only when the change moves it (into enabled: due now). Else it
-        # stays the tick's column: a tick may have advanced it since ``current`` was read, and
-        # the compare-and-set on ``revision`` does not see that (ticks never bump it).
-        moved = {} if next_run == current.next_run_at else {"next_run_at": next_run}
-        result = conn.execute(
-            update(archive_plans)
-            .where(P.namespace_id == ns_id, P.kind == kind, P.revision == current.revision)
-            .values(revision=revision, updated_at=now, **moved, **values)
         )
-        if result.rowcount != 1:
-            raise StaleRevision(f"plan {kind!r} changed concurrently; retry")
-    insert_audit(
-        conn,
-        ns_id,
-        actor=actor,
-        action="archive.plan.set",
-        target_kind="archive_plan",
-        target_id=kind,
-        detail={"kind": kind, "revision": revision, "created": current is None, "changes": changes},
-        at=now,
+    except IntegrityError:
+        raise StaleRevision(f"plan {kind!r} was created concurrently; retry") from None
+    return {k: [None, _show(v)] for k, v in values.items()}
+
+
+def _update_plan(
+    conn: Connection,
+    current: Plan,
+    values: dict[str, Any],
+    next_run: dt.datetime | None,
+    now: dt.datetime,
+) -> dict[str, list[Any]]:
+    """The changed values, compare-and-set on the revision read; returns the audit's changes
+    (empty: nothing differs, nothing written)."""
+    old = {k: getattr(current, k) for k in CONFIG_FIELDS}
+    changes = {k: [_show(old[k]), _show(v)] for k, v in values.items() if old[k] != v}
+    if not changes:
+        return changes
+    # next_run_at is written only when the change moves it (into enabled: due now). Else it
+    # stays the tick's column: a tick may have advanced it since ``current`` was read, and
+    # the compare-and-set on ``revision`` does not see that (ticks never bump it).
+    moved = {} if next_run == current.next_run_at else {"next_run_at": next_run}
+    result = conn.execute(
+        update(archive_plans)
+        .where(
+            P.namespace_id == current.namespace_id,
+            P.kind == current.kind,
+            P.revision == current.revision,
+        )
+        .values(revision=current.revision + 1, updated_at=now, **moved, **values)
     )
-    plan = get_plan(conn, ns_id, kind)
-    assert plan is not None
-    return SetPlanResult(plan, created=current is None, changed=True)
+    if result.rowcount != 1:
+        raise StaleRevision(f"plan {current.kind!r} changed concurrently; retry")
+    return changes
 
 
 def _show(value: Any) -> Any:
