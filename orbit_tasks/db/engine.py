@@ -35,6 +35,7 @@ from orbit_tasks.db.session_bounds import (
 )
 from orbit_tasks.db.types import DateTime6
 from orbit_tasks.errors import InvalidInput, OrbitError
+from orbit_tasks.logs import log_action
 
 
 def is_mysql(bind: Engine | Connection) -> bool:
@@ -141,7 +142,10 @@ def _set_session(dbapi_conn: Any, bounds: SessionBounds | None) -> None:
                 try:
                     cur.execute(f"SET SESSION {name} = %s", (value,))
                 except Exception as exc:  # noqa: BLE001
-                    _log.warning("session variable %s not set: %s", name, type(exc).__name__)
+                    log_action(
+                        _log, "db.session.variable_refused", logging.WARNING,
+                        variable=name, error=type(exc).__name__,
+                    )  # fmt: skip
     finally:
         cur.close()
 
