@@ -93,6 +93,7 @@ task_routes = {
     "orbit.archive.tick": {"queue": _CONTROL},
     "orbit.sender.tick": {"queue": _SENDER},
     "orbit.sender.relay": {"queue": _SENDER},
+    "orbit.sender.prune": {"queue": _SENDER},
 }
 
 beat_schedule = {
@@ -110,3 +111,13 @@ beat_schedule = {
         },
     },
 }
+
+# Retention of the outbox (docs/sender.md "Retention"): off unless ORBIT_SENDER_RETENTION is set.
+# Hourly: each run scans the table once in keyset pages (no index on state in the seed).
+_PRUNE_EVERY_SECONDS = 3600
+if _settings.sender_retention_seconds is not None:
+    beat_schedule["orbit-sender-prune"] = {
+        "task": "orbit.sender.prune",
+        "schedule": _timedelta(seconds=_PRUNE_EVERY_SECONDS),
+        "options": {"queue": _SENDER, "expires": _PRUNE_EVERY_SECONDS - 60},
+    }

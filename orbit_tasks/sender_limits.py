@@ -26,6 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIN_LEASE_SECONDS = 5
+# Retention of outbox rows (``orbit sender prune --older-than``, ``ORBIT_SENDER_RETENTION``;
+# docs/sender.md "Retention"): 1 s .. 3650 d.
+MIN_RETENTION_SECONDS = 1
+MAX_RETENTION_SECONDS = 3650 * 86400
+RETENTION_RANGE = "1s..3650d"
 MAX_LEASE_SECONDS = 3600
 MIN_HTTP_SECONDS = 0.1
 MAX_DEFAULT_HTTP_SECONDS = 10.0

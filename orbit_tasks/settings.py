@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orbit_tasks import archive_limits, sender_limits
+from orbit_tasks import archive_limits, sender_limits, units
 from orbit_tasks.errors import InvalidInput
 
 LOG_FORMATS = ("text", "json")  # ORBIT_LOG_FORMAT; orbit_tasks.logs writes them
@@ -50,6 +50,9 @@ class Settings:
     metrics_cache_seconds: int = 15
     metrics_timeout_seconds: float = 5.0
     sender_database_configured: bool = False
+    # ORBIT_SENDER_RETENTION (docs/sender.md "Retention"): prune ACCEPTED (and resolved REVIEW)
+    # outbox rows older than this from beat; None = off (the default).
+    sender_retention_seconds: int | None = None
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -150,7 +153,26 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
+        sender_retention_seconds=_retention(env, "ORBIT_SENDER_RETENTION"),
     )
+
+
+def _retention(env: Mapping[str, str], name: str) -> int | None:
+    """A duration (``7d``, ``36h``; 1s..3650d), or ``off``/unset (None)."""
+    allowed = sender_limits.RETENTION_RANGE
+    raw = (env.get(name) or "").strip()
+    if raw == "" or raw.lower() == "off":
+        return None
+    try:
+        seconds = units.parse_duration(raw, name)
+    except InvalidInput:
+        raise InvalidInput(
+            f"{name}={raw!r} is not a duration (an integer with s, m, h or d, e.g. 7d; "
+            f"allowed {allowed}, or off)"
+        ) from None
+    if not sender_limits.MIN_RETENTION_SECONDS <= seconds <= sender_limits.MAX_RETENTION_SECONDS:
+        raise InvalidInput(f"{name}={raw} is out of range (allowed {allowed}, or off)")
+    return seconds
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:

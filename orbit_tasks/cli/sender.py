@@ -8,13 +8,13 @@ from typing import Any
 
 import click
 
-from orbit_tasks.cli.common import emit, emit_list, json_option
+from orbit_tasks.cli.common import DURATION, emit, emit_list, json_option
 from orbit_tasks.cli.db import sender_db_group
-from orbit_tasks.db.engine import DB_CLOCK
 from orbit_tasks.db.registry import business_engine
-from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
-from orbit_tasks.logs import log_action
+from orbit_tasks.errors import InvalidInput
 from orbit_tasks.sender import policy
+from orbit_tasks.sender import retention as sender_retention
+from orbit_tasks.sender import review as sender_review
 from orbit_tasks.sender import store as sender_store
 from orbit_tasks.sender.names import resolve_namespace_id
 from orbit_tasks.settings import get_settings
@@ -75,14 +75,26 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     "--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="Max rows."
 )
 @click.option("--after", default=None, help="Cursor NS:OP from the previous page ('next').")
+@click.option(
+    "--unresolved", is_flag=True, help="Only REVIEW rows nobody has resolved (the dead letters)."
+)
 @json_option
 def sender_list(
-    state: str | None, namespace: str | None, limit: int, after: str | None, as_json: bool
+    state: str | None,
+    namespace: str | None,
+    limit: int,
+    after: str | None,
+    unresolved: bool,
+    as_json: bool,
 ) -> None:
     """List outbox rows in (namespace, operation) order, a page at a time.
 
     With --json: {"items": [...], "next": cursor-or-null}; pass "next" to --after for the next
     page."""
+    if unresolved and state not in (None, policy.OutboxState.REVIEW):
+        raise click.UsageError(
+            f"--unresolved lists REVIEW rows; it does not go with --state {state}"
+        )
     cursor = None
     if after is not None:
         parts = after.split(":")
@@ -92,7 +104,12 @@ def sender_list(
     ns = None if namespace is None else _namespace(namespace)
     with business_engine().connect() as conn:
         found = sender_store.list_rows(
-            conn, state=state, namespace_id=ns, limit=limit + 1, after=cursor
+            conn,
+            state=state,
+            namespace_id=ns,
+            limit=limit + 1,
+            after=cursor,
+            unresolved=unresolved,
         )
     page = [_plain(r) for r in found[:limit]]
     more = len(found) > limit
@@ -102,13 +119,6 @@ def sender_list(
         return
     shown = [{k: ("-" if v is None else v) for k, v in r.items()} for r in page]
     emit_list(shown, False, LIST_COLUMNS, next_cursor=next_cursor)
-
-
-def _load(conn: Any, ns: str, op: str) -> Any:
-    row = sender_store.get_row(conn, ns, op)
-    if row is None:
-        raise NotFound(f"outbox row namespace {ns} operation {op} does not exist")
-    return row
 
 
 @sender_group.command("show")
@@ -122,14 +132,36 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
     op = _hex(op, "OP")
     ns = _namespace(ns)
     with business_engine().connect() as conn:
-        row = _load(conn, ns, op)
+        row = sender_store.get_row(conn, ns, op)
+        pruned = sender_store.get_pruned(conn, ns, op) if row is None else None
+        if row is None and pruned is None:
+            sender_review.load(conn, ns, op)  # NotFound, exit 4
         job = sender_store.get_job(conn, ns, op)
+        resolution = sender_store.get_resolution(conn, ns, op)
+    if row is None:
+        assert pruned is not None
+        data = _plain(dict(pruned._mapping))
+        data["pruned"] = True
+        data["idempotency_key"] = policy.idempotency_key(op)
+        data["source_ref"] = None if job is None else job.source_ref
+        _show(data, as_json)
+        return
     data = _plain(dict(row._mapping))
+    current = resolution is not None and policy.resolution_current(
+        row.state, row.updated_at, resolution.review_since
+    )
+    for key in ("resolved_by", "resolved_at", "reason"):
+        data[key] = _plain(dict(resolution._mapping))[key] if current else None
     data["request_bytes"] = len(row.request_json.encode("utf-8"))
     data["digest_ok"] = policy.digest(row.request_json) == bytes(row.request_digest)
     del data["request_json"]
     data["source_ref"] = None if job is None else job.source_ref
     data["job_task_id"] = None if job is None else job.task_id
+    data["pruned"] = False
+    _show(data, as_json)
+
+
+def _show(data: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit(data, True)
         return
@@ -137,35 +169,160 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
         click.echo(f"{key:18} {data[key] if data[key] is not None else '-'}")
 
 
+REVIEW_COLUMNS = [
+    "namespace_id",
+    "operation_id",
+    "last_code",
+    "send_count",
+    "send_deadline_at",
+    "action",
+    "why",
+]
+REVIEW_CODES = sorted(policy.REVIEW_CODES)
+
+
+def _one_or_code(ns: str | None, op: str | None, code: str | None, namespace: str | None) -> None:
+    """Either NS OP or --code CODE [--namespace NS] (usage error, exit 2, otherwise)."""
+    if code is None and (ns is None or op is None):
+        raise click.UsageError("give NS OP, or --code CODE [--namespace NS]")
+    if code is not None and (ns is not None or op is not None):
+        raise click.UsageError("give NS OP or --code CODE, not both")
+    if code is None and namespace is not None:
+        raise click.UsageError("--namespace goes with --code (NS OP names one row)")
+
+
+def _emit_bulk(items: list[dict[str, Any]], as_json: bool, summary: str) -> None:
+    if as_json:
+        emit_list(items, True, REVIEW_COLUMNS)
+        return
+    emit_list(
+        [{k: ("-" if v is None else v) for k, v in i.items()} for i in items], False, REVIEW_COLUMNS
+    )
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item["action"]] = counts.get(item["action"], 0) + 1
+    done = ", ".join(f"{n} {action}" for action, n in sorted(counts.items())) or "no rows"
+    click.echo(f"{summary}: {done}")
+
+
 @sender_group.command("requeue")
-@click.argument("ns", metavar="NS")
-@click.argument("op", metavar="OP")
+@click.argument("ns", metavar="NS", required=False)
+@click.argument("op", metavar="OP", required=False)
+@click.option(
+    "--code",
+    type=click.Choice(REVIEW_CODES),
+    default=None,
+    help="Every REVIEW row with this last_code (instead of NS OP).",
+)
+@click.option("--namespace", "namespace", default=None, help="With --code: only this namespace.")
+@click.option(
+    "--dry-run", is_flag=True, help="With --code: list what would happen, change nothing."
+)
 @json_option
-def sender_requeue(ns: str, op: str, as_json: bool) -> None:
-    """Put a REVIEW row back to PENDING (same key and body). Refused past its deadline or at
-    100 sends (exit 3). NS is a namespace name or 32-hex id; OP the 32-hex operation id."""
+def sender_requeue(
+    ns: str | None,
+    op: str | None,
+    code: str | None,
+    namespace: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Put REVIEW rows back to PENDING (same key and body): one row (NS OP), or every REVIEW
+    row with --code CODE [--namespace NS]. A row past its deadline or at 100 sends is refused
+    (one row: exit 3; --code: listed as refused). NS is a namespace name or 32-hex id; OP the
+    32-hex operation id."""
+    _one_or_code(ns, op, code, namespace)
+    if code is not None:
+        scope = None if namespace is None else _namespace(namespace)
+        items = sender_review.requeue_code(business_engine(), code, scope, dry_run=dry_run)
+        _emit_bulk(items, as_json, "dry run" if dry_run else f"requeue --code {code}")
+        return
+    assert ns is not None and op is not None
     op = _hex(op, "OP")
     ns = _namespace(ns)
-    with business_engine().begin() as conn:
-        row = _load(conn, ns, op)
-        now = DB_CLOCK.now(conn)
-        why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
-        if why:
-            raise IllegalState(f"cannot requeue {ns}/{op}: {why}")
-        if not sender_store.requeue(conn, row, now):
-            raise IllegalState(f"cannot requeue {ns}/{op}: the row changed meanwhile; retry")
-    log_action(
-        logger,
-        "sender.row.requeued",
-        namespace_id=ns,
-        operation_id=op,
-        previous_code=row.last_code,
-        send_count=row.send_count,
-    )
+    sender_review.requeue_one(business_engine(), ns, op)
     emit(
         {"namespace_id": ns, "operation_id": op, "state": "PENDING"},
         as_json,
         f"requeued {ns}/{op} (PENDING, same key and body)",
+    )
+
+
+@sender_group.command("resolve")
+@click.argument("ns", metavar="NS", required=False)
+@click.argument("op", metavar="OP", required=False)
+@click.option("--reason", required=True, help="Why the row is handled (1..500 characters).")
+@click.option(
+    "--code",
+    type=click.Choice(REVIEW_CODES),
+    default=None,
+    help="Every unresolved REVIEW row with this last_code (instead of NS OP).",
+)
+@click.option("--namespace", "namespace", default=None, help="With --code: only this namespace.")
+@click.option(
+    "--dry-run", is_flag=True, help="With --code: list what would happen, change nothing."
+)
+@json_option
+def sender_resolve(
+    ns: str | None,
+    op: str | None,
+    reason: str,
+    code: str | None,
+    namespace: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Mark REVIEW rows as handled, recorded with who (ORBIT_ACTOR, else $USER) and why: one row
+    (NS OP) or every unresolved REVIEW row with --code CODE [--namespace NS]. Resolved rows leave
+    orbit_outbox_review_rows and `sender list --unresolved`, and may be pruned after the
+    retention; the row itself is unchanged (a requeue ends the resolution)."""
+    _one_or_code(ns, op, code, namespace)
+    actor = get_settings().actor
+    if code is not None:
+        scope = None if namespace is None else _namespace(namespace)
+        items = sender_review.resolve_code(
+            business_engine(), code, scope, reason=reason, actor=actor, dry_run=dry_run
+        )
+        _emit_bulk(items, as_json, "dry run" if dry_run else f"resolve --code {code}")
+        return
+    assert ns is not None and op is not None
+    op = _hex(op, "OP")
+    ns = _namespace(ns)
+    done = sender_review.resolve_one(business_engine(), ns, op, reason=reason, actor=actor)
+    emit(done, as_json, f"resolved {ns}/{op} ({done['last_code']}) by {actor}")
+
+
+@sender_group.command("prune")
+@click.option(
+    "--older-than",
+    "older_than",
+    type=DURATION,
+    required=True,
+    help="Prune ACCEPTED rows (and resolved REVIEW rows) last changed before this "
+    "long ago, e.g. 7d (s, m, h, d; 1s..3650d).",
+)
+@click.option("--namespace", "namespace", default=None, help="Only this namespace (name or id).")
+@click.option("--dry-run", is_flag=True, help="Count what would be pruned, change nothing.")
+@json_option
+def sender_prune(older_than: int, namespace: str | None, dry_run: bool, as_json: bool) -> None:
+    """Remove old ACCEPTED outbox rows (and resolved REVIEW rows) in short keyset-page
+    transactions, keeping a compact record of each (sender_pruned), so that enqueue() of a
+    pruned operation answers as before. PENDING and SENDING rows, and sender_jobs, stay."""
+    refusal = policy.retention_refusal(older_than, "--older-than")
+    if refusal:
+        raise InvalidInput(refusal)
+    scope = None if namespace is None else _namespace(namespace)
+    report = sender_retention.prune(
+        business_engine(), older_than_seconds=older_than, namespace_id=scope, dry_run=dry_run
+    )
+    data = report.as_fields()
+    verb = "would prune" if dry_run else "pruned"
+    emit(
+        data,
+        as_json,
+        f"{verb} {data['pruned']} rows ({data['accepted']} ACCEPTED, {data['review']} "
+        f"resolved REVIEW) last changed before {data['cutoff']}; scanned {data['scanned']} "
+        f"rows in {data['pages']} pages",
     )
 
 

@@ -1,6 +1,10 @@
-"""Business (application) database schema: ``seeds/sender_outbox.sql`` exactly.
+"""Business (application) database schema: the seed tables and the sender's own two tables.
 
-Not part of the platform migrations. The two MySQL-only CHECK expressions get SQLite variants
+``sender_outbox`` and ``sender_jobs`` are ``seeds/sender_outbox.sql`` exactly (revision b0001,
+never changed). Revision b0002 adds the sender's own tables: ``sender_pruned`` (what a pruned
+outbox row promised, so that ``enqueue()`` answers as before the prune; docs/sender.md
+"Retention") and ``sender_resolutions`` (who marked a REVIEW row as handled, and why). Not part
+of the platform migrations. The two MySQL-only CHECK expressions get SQLite variants
 (``ddl_if``); everything else is one definition.
 """
 
@@ -177,5 +181,79 @@ sender_jobs = Table(
     Column("updated_at", DateTime6(), nullable=False, comment="关联任务最近变化UTC时间，微秒精度"),
     PrimaryKeyConstraint("namespace_id", "operation_id"),
     comment="接入方示例业务记录，与待发请求及受理关联分别同事务保存",
+    **_MYSQL_TABLE,
+)
+
+sender_pruned = Table(
+    "sender_pruned",
+    metadata,
+    Column(
+        "namespace_id", Ascii(32, fixed=True), nullable=False, comment="被清理Outbox行的命名空间"
+    ),
+    Column(
+        "operation_id",
+        Ascii(32, fixed=True),
+        nullable=False,
+        comment="被清理的业务操作标识，提交键由其派生",
+    ),
+    Column("queue_id", Ascii(32, fixed=True), nullable=False, comment="原目标队列，再次入库时比较"),
+    Column(
+        "request_digest", Digest32(), nullable=False, comment="原冻结正文SHA256，再次入库时比较"
+    ),
+    Column(
+        "source_ref_digest",
+        Digest32(),
+        nullable=True,
+        comment="清理时业务记录引用的SHA256，无业务记录时为空",
+    ),
+    Column("state", Ascii(16), nullable=False, comment="清理前状态，ACCEPTED或已处理的REVIEW"),
+    Column("last_code", Ascii(32), nullable=False, comment="清理前最近稳定分类"),
+    Column(
+        "task_id",
+        Ascii(32, fixed=True),
+        nullable=True,
+        comment="已受理的平台任务标识，只在ACCEPTED非空",
+    ),
+    Column("created_at", DateTime6(), nullable=False, comment="原行创建UTC时间"),
+    Column("send_deadline_at", DateTime6(), nullable=False, comment="原行发送截止UTC时间"),
+    Column("accepted_at", DateTime6(), nullable=True, comment="受理记录时间，只在ACCEPTED非空"),
+    Column("pruned_at", DateTime6(), nullable=False, comment="清理UTC时间，与删除原行同一事务"),
+    PrimaryKeyConstraint("namespace_id", "operation_id"),
+    CheckConstraint(
+        "(state='ACCEPTED' AND task_id IS NOT NULL AND accepted_at IS NOT NULL)\n"
+        "OR (state='REVIEW' AND task_id IS NULL AND accepted_at IS NULL)",
+        name="ck_sender_pruned_state",
+    ),
+    comment="已清理Outbox行的紧凑承诺，保证同一操作再次入库结果不变",
+    **_MYSQL_TABLE,
+)
+
+sender_resolutions = Table(
+    "sender_resolutions",
+    metadata,
+    Column("namespace_id", Ascii(32, fixed=True), nullable=False, comment="REVIEW行的命名空间"),
+    Column("operation_id", Ascii(32, fixed=True), nullable=False, comment="REVIEW行的业务操作标识"),
+    Column(
+        "review_since",
+        DateTime6(),
+        nullable=False,
+        comment="处理时REVIEW行的updated_at，行再变化后此处理失效",
+    ),
+    Column("last_code", Ascii(32), nullable=False, comment="处理时REVIEW原因"),
+    Column(
+        "resolved_by",
+        Str(128, charset="utf8mb4", collation="utf8mb4_0900_bin"),
+        nullable=False,
+        comment="处理人，ORBIT_ACTOR或系统用户",
+    ),
+    Column(
+        "reason",
+        Str(500, charset="utf8mb4", collation="utf8mb4_0900_bin"),
+        nullable=False,
+        comment="处理原因，由操作员填写",
+    ),
+    Column("resolved_at", DateTime6(), nullable=False, comment="处理UTC时间，数据库时钟"),
+    PrimaryKeyConstraint("namespace_id", "operation_id"),
+    comment="REVIEW行的人工处理记录，不改变Outbox行",
     **_MYSQL_TABLE,
 )

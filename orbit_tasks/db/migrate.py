@@ -20,7 +20,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, MetaData, text
 from sqlalchemy.engine import Connection
 
 from orbit_tasks.db.engine import is_mysql
@@ -29,6 +29,7 @@ from orbit_tasks.db.schema_check import (
     CHAINS,
     MIGRATIONS,
     Chain,
+    ChainSpec,
     Comparison,
     SchemaMismatch,
     chain_spec,
@@ -112,13 +113,17 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
             found = compare_tables(conn, baseline)
             if found.differences:
                 raise SchemaMismatch(_mismatch_message(spec.database, spec.baseline, found))
+            later = _later_tables(conn, spec) if previous is None else None
             created = found.missing
-            if found.present or previous is not None:  # else a fresh database: revisions run
+            if found.present or previous is not None or later:  # else fresh: revisions run
                 for statement in create_statements(baseline, only=found.missing):
                     conn.execute(statement)
                 if previous is None:
                     adopted = found.present
                     _alembic(conn, chain, "stamp", spec.baseline)
+            if later:  # the application's tool created the later revisions' tables too
+                adopted = [*adopted, *later]
+                _alembic(conn, chain, "stamp", "head")
         _alembic(conn, chain, "upgrade", "head")
         result = UpgradeResult(
             chain, previous, head_revision(chain), tuple(created), tuple(adopted)
@@ -134,6 +139,32 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
         adopted=len(adopted),
     )
     return result
+
+
+def _later_tables(conn: Connection, spec: ChainSpec) -> list[str]:
+    """On a database without a record: the head's tables that later revisions add (beyond the
+    baseline), when all of them already exist and match the head (then they are adopted and the
+    head is recorded); [] when none exists (the revisions create them). Some but not all, or one
+    that differs: refused like a baseline table that differs, nothing changed."""
+    head = spec.head_metadata()
+    names = set(head.tables) - set(spec.baseline_metadata().tables)
+    if not names:
+        return []
+    later = MetaData()
+    for name in sorted(names):
+        head.tables[name].to_metadata(later)
+    found = compare_tables(conn, later)
+    if not found.present:
+        return []
+    if found.differences:
+        raise SchemaMismatch(_mismatch_message(spec.database, head_revision(spec.chain), found))
+    if found.missing:
+        raise SchemaMismatch(
+            f"{spec.database}: tables {', '.join(found.present)} exist but "
+            f"{', '.join(found.missing)} do not (revision {head_revision(spec.chain)} adds them "
+            "together); create the missing ones as well, or drop the others; nothing was changed"
+        )
+    return found.present
 
 
 def _mismatch_message(database: str, revision: str, found: Comparison) -> str:

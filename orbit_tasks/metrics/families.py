@@ -67,7 +67,7 @@ class BusinessReading:
 
     now: dt.datetime
     rows: Mapping[str, int]  # state -> rows
-    review: Mapping[str, int]  # last_code -> REVIEW rows
+    review: Mapping[str, int]  # last_code -> unresolved REVIEW rows
     oldest_active_created: dt.datetime | None  # oldest created_at of a PENDING/SENDING row
     near_deadline: int
 
@@ -255,7 +255,9 @@ def _outbox(b: BusinessReading) -> Iterator[Metric]:
         rows.add_metric([state], float(b.rows.get(state, 0)))
     yield rows
     review = GaugeMetricFamily(
-        "orbit_outbox_review_rows", "REVIEW outbox rows by last_code", labels=["last_code"]
+        "orbit_outbox_review_rows",
+        "unresolved REVIEW outbox rows by last_code",
+        labels=["last_code"],
     )
     codes = sorted(set(policy.REVIEW_CODES) | set(b.review))
     for code in codes:

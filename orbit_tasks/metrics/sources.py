@@ -206,8 +206,9 @@ class BusinessSource:
                 oldest = r.oldest_created_at
         for r in terminal:
             rows[r.state] = rows.get(r.state, 0) + int(r.rows)
-            if r.state == OutboxState.REVIEW:
-                review[r.last_code] = review.get(r.last_code, 0) + int(r.rows)
+            if r.state == OutboxState.REVIEW:  # the dead letters: resolved rows are handled
+                unresolved = int(r.rows) - int(r.resolved or 0)
+                review[r.last_code] = review.get(r.last_code, 0) + unresolved
         return BusinessReading(
             now=now, rows=rows, review=review, oldest_active_created=oldest, near_deadline=near
         )

@@ -23,13 +23,14 @@ from typing import Any
 from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
 
 from orbit_tasks.archive.jobs import JobState
-from orbit_tasks.db.business_tables import sender_outbox
+from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages
 from orbit_tasks.sender import store as sender_store
 
 J = archive_jobs.c
 P = archive_plans.c
 O = sender_outbox.c  # noqa: E741 - the table's one-letter alias, as in the sender store
+R = sender_resolutions.c
 
 ACTIVE_JOB_STATES = (JobState.PENDING.value, JobState.RUNNING.value, JobState.FAILED.value)
 TERMINAL_JOB_STATES = (JobState.SUCCEEDED.value, JobState.ABANDONED.value)
@@ -161,9 +162,26 @@ def active_outbox_query(pairs: Sequence[tuple[str, str]], soon: dt.datetime) -> 
 
 
 def terminal_outbox_query() -> Select[Any]:
-    """ACCEPTED and REVIEW rows by (state, last_code): one scan of the table (no seed index)."""
+    """ACCEPTED and REVIEW rows by (state, last_code): one scan of the table (no seed index),
+    with how many of them hold a current resolution (``sender_resolutions`` by primary key and
+    the review it was recorded on; orbit_tasks/sender/review.py)."""
     return (
-        select(O.state, O.last_code, func.count().label("rows"))
+        select(
+            O.state,
+            O.last_code,
+            func.count().label("rows"),
+            _count_if(R.namespace_id.is_not(None)).label("resolved"),
+        )
+        .select_from(
+            sender_outbox.outerjoin(
+                sender_resolutions,
+                and_(
+                    R.namespace_id == O.namespace_id,
+                    R.operation_id == O.operation_id,
+                    R.review_since == O.updated_at,
+                ),
+            )
+        )
         .where(O.wake_at.is_(None))
         .group_by(O.state, O.last_code)
     )

@@ -15,11 +15,12 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 from orbit_tasks import json_document
 from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.faults import driver_code
 from orbit_tasks.errors import ConflictError, InvalidInput
 from orbit_tasks.sender import policy, store
 
@@ -198,7 +199,9 @@ def _existing(
 ) -> OutboxEntry | None:
     row = store.get_row(conn, ns, op)
     if row is None:
-        return None
+        # Read after the outbox row: a prune commits the compact record and the deletion
+        # together, so one of the two reads sees the operation (docs/sender.md "Retention").
+        return _existing_pruned(conn, ns, queue, op, digest, source_ref)
     if bytes(row.request_digest) != digest:
         raise OutboxConflict(
             f"operation {op} in namespace {ns} is already enqueued with another request "
@@ -216,6 +219,61 @@ def _existing(
             "(fixed at first insert)"
         )
     return _entry(row, created=False)
+
+
+def _no_pruned_table(exc: Exception) -> bool:
+    """The database has no ``sender_pruned`` (MySQL 1146, SQLite "no such table"): the
+    statement failed alone, the caller's transaction goes on (MySQL, SQLite)."""
+    text = str(getattr(exc, "orig", exc))
+    return "sender_pruned" in text and (driver_code(exc) == 1146 or "no such table" in text)
+
+
+def _existing_pruned(
+    conn: Connection, ns: str, queue: str, op: str, digest: bytes, source_ref: str
+) -> OutboxEntry | None:
+    """A pruned operation answers exactly as its outbox row did: the same request (and queue,
+    source_ref) is the existing entry, nothing is sent again; another is a conflict."""
+    try:
+        pruned = store.get_pruned(conn, ns, op)
+    except (OperationalError, ProgrammingError) as exc:
+        if not _no_pruned_table(exc):
+            raise
+        return None  # only the seed tables (revision b0001): nothing was ever pruned
+    if pruned is None:
+        return None
+    if bytes(pruned.request_digest) != digest:
+        raise OutboxConflict(
+            f"operation {op} in namespace {ns} was already enqueued with another request "
+            "(digest differs; its outbox row was pruned); never reuse an operation id for a "
+            "different request"
+        )
+    if pruned.queue_id != queue:
+        raise OutboxConflict(
+            f"operation {op} in namespace {ns} was already enqueued for queue "
+            f"{pruned.queue_id}, not {queue}"
+        )
+    job = store.get_job(conn, ns, op)
+    ref_differs = (
+        job.source_ref != source_ref
+        if job is not None
+        else pruned.source_ref_digest is not None
+        and bytes(pruned.source_ref_digest) != policy.digest(source_ref)
+    )
+    if ref_differs:
+        raise OutboxConflict(
+            f"operation {op} in namespace {ns} was already enqueued with another source_ref "
+            "(fixed at first insert)"
+        )
+    return OutboxEntry(
+        namespace_id=ns,
+        queue_id=pruned.queue_id,
+        operation_id=op,
+        idempotency_key=policy.idempotency_key(op),
+        state=pruned.state,
+        created_at=pruned.created_at,
+        send_deadline_at=pruned.send_deadline_at,
+        created=False,
+    )
 
 
 def enqueue(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal, Protocol
 
-from orbit_tasks import json_document
+from orbit_tasks import json_document, sender_limits
 
 # --- codes -------------------------------------------------------------------------------------
 
@@ -143,6 +143,52 @@ def requeue_refusal(now: dt.datetime, state: str, send_count: int, deadline: dt.
         return f"send deadline {deadline.isoformat()}Z has passed (now {now.isoformat()}Z)"
     if send_count >= MAX_SENDS:
         return f"send_count {send_count} reached the limit of {MAX_SENDS} sends"
+    return ""
+
+
+# --- retention and resolutions (docs/sender.md "Retention", "Dead letters") ----------------------
+
+MAX_REASON_CHARS = 500
+MAX_ACTOR_CHARS = 128
+
+
+def retention_refusal(seconds: int, what: str) -> str:
+    """Why ``seconds`` is not a retention ("" when it is)."""
+    if not sender_limits.MIN_RETENTION_SECONDS <= seconds <= sender_limits.MAX_RETENTION_SECONDS:
+        return f"{what} {seconds}s is out of range (allowed {sender_limits.RETENTION_RANGE})"
+    return ""
+
+
+def resolution_current(
+    state: str, updated_at: dt.datetime, review_since: dt.datetime | None
+) -> bool:
+    """A resolution holds for the REVIEW row it was recorded on: the row is still in REVIEW and
+    unchanged since (``updated_at`` as it was; a requeue or any later write changes it)."""
+    return state == OutboxState.REVIEW and review_since is not None and review_since == updated_at
+
+
+def prunable(
+    state: str, updated_at: dt.datetime, resolved_at: dt.datetime | None, cutoff: dt.datetime
+) -> bool:
+    """ACCEPTED rows last changed before ``cutoff``, and REVIEW rows whose current resolution
+    (``resolved_at``, None when unresolved) was recorded before it. Never PENDING or SENDING."""
+    if state == OutboxState.ACCEPTED:
+        return updated_at < cutoff
+    if state == OutboxState.REVIEW:
+        return resolved_at is not None and resolved_at < cutoff
+    return False
+
+
+def reason_refusal(reason: str) -> str:
+    """Why ``reason`` cannot be recorded ("" when it can)."""
+    if not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        return f"--reason is {len(reason)} characters; allowed 1..{MAX_REASON_CHARS}, not blank"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in reason):
+        return "--reason contains control characters; allowed: printable text on one line"
+    try:
+        reason.encode("utf-8")
+    except UnicodeEncodeError:
+        return "--reason contains a lone surrogate; not valid UTF-8"
     return ""
 
 

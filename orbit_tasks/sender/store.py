@@ -16,16 +16,24 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, insert, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
-from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
+from orbit_tasks.db.business_tables import (
+    sender_jobs,
+    sender_outbox,
+    sender_pruned,
+    sender_resolutions,
+)
 from orbit_tasks.db.engine import is_mysql
 from orbit_tasks.sender import policy
 from orbit_tasks.sender.policy import OutboxState
 
 o = sender_outbox
 j = sender_jobs
+p = sender_pruned
+r = sender_resolutions
 
 
 @dataclass(frozen=True)
@@ -466,9 +474,17 @@ def list_rows(
     namespace_id: str | None,
     limit: int,
     after: tuple[str, str] | None,
+    unresolved: bool = False,
 ) -> list[dict[str, Any]]:
-    """Rows in (namespace, operation) order, keyset-paginated after ``after``."""
+    """Rows in (namespace, operation) order, keyset-paginated after ``after``; ``unresolved``:
+    only REVIEW rows without a current resolution (``sender list --unresolved``)."""
     stmt = select(*(o.c[name] for name in LIST_COLUMNS))
+    if unresolved:
+        stmt = (
+            stmt.select_from(o.outerjoin(r, _current_resolution()))
+            .where(o.c.state == OutboxState.REVIEW)
+            .where(r.c.namespace_id.is_(None))
+        )
     if state is not None:
         stmt = stmt.where(o.c.state == state)
     if namespace_id is not None:
@@ -481,7 +497,7 @@ def list_rows(
             )
         )
     stmt = stmt.order_by(o.c.namespace_id, o.c.operation_id).limit(limit)
-    return [dict(r._mapping) for r in conn.execute(stmt)]
+    return [dict(found._mapping) for found in conn.execute(stmt)]
 
 
 def requeue(conn: Connection, row: Any, now: dt.datetime) -> bool:
@@ -499,3 +515,195 @@ def requeue(conn: Connection, row: Any, now: dt.datetime) -> bool:
         .values(state=OutboxState.PENDING, wake_at=now, updated_at=now)
     )
     return result.rowcount == 1
+
+
+def _after(after: tuple[str, str] | None, namespace_id: str | None) -> list[Any]:
+    """The keyset condition after ``after`` on the primary key, in the expanded form
+    ``ns > :ns OR (ns = :ns AND op > :op)`` (``ns = :ns AND op > :op`` inside one namespace)."""
+    where: list[Any] = []
+    if namespace_id is not None:
+        where.append(o.c.namespace_id == namespace_id)
+        if after is not None:
+            where.append(o.c.operation_id > after[1])
+    elif after is not None:
+        where.append(
+            or_(
+                o.c.namespace_id > after[0],
+                and_(o.c.namespace_id == after[0], o.c.operation_id > after[1]),
+            )
+        )
+    return where
+
+
+# --- retention (docs/sender.md "Retention") ------------------------------------------------------
+
+
+def get_pruned(conn: Connection, namespace_id: str, operation_id: str) -> Any:
+    """The compact record of a pruned operation, or None."""
+    return conn.execute(
+        select(p).where(p.c.namespace_id == namespace_id, p.c.operation_id == operation_id)
+    ).first()
+
+
+def prune_scan_query(namespace_id: str | None, after: tuple[str, str] | None, limit: int) -> Any:
+    """The next ``limit`` outbox rows in primary-key order (whatever their state: a page reads
+    exactly that many rows, no index on state is needed), with what a compact record keeps:
+    the ``sender_jobs`` reference and the row's resolution (both by primary key)."""
+    return (
+        select(
+            o.c.namespace_id,
+            o.c.operation_id,
+            o.c.queue_id,
+            o.c.state,
+            o.c.last_code,
+            o.c.lease_epoch,
+            o.c.request_digest,
+            o.c.task_id,
+            o.c.created_at,
+            o.c.send_deadline_at,
+            o.c.updated_at,
+            j.c.source_ref,
+            r.c.review_since,
+            r.c.resolved_at,
+        )
+        .select_from(
+            o.outerjoin(
+                j, and_(j.c.namespace_id == o.c.namespace_id, j.c.operation_id == o.c.operation_id)
+            ).outerjoin(
+                r, and_(r.c.namespace_id == o.c.namespace_id, r.c.operation_id == o.c.operation_id)
+            )
+        )
+        .where(*_after(after, namespace_id))
+        .order_by(o.c.namespace_id, o.c.operation_id)
+        .limit(limit)
+    )
+
+
+def prune_scan(
+    conn: Connection, namespace_id: str | None, after: tuple[str, str] | None, limit: int
+) -> list[Any]:
+    return list(conn.execute(prune_scan_query(namespace_id, after, limit)))
+
+
+@functools.lru_cache(maxsize=256)
+def _prune_delete(n: int) -> Any:
+    """DELETE of ``n`` rows of one namespace, each fenced by what the scan saw (state, epoch,
+    ``updated_at``: any write since changes one of them), in the expanded primary-key form."""
+    as_seen = or_(
+        *(
+            and_(
+                o.c.operation_id == bindparam(f"op{i}"),
+                o.c.state == bindparam(f"st{i}"),
+                o.c.lease_epoch == bindparam(f"ep{i}"),
+                o.c.updated_at == bindparam(f"up{i}", type_=o.c.updated_at.type),
+            )
+            for i in range(n)
+        )
+    )
+    return delete(o).where(o.c.namespace_id == bindparam("ns"), as_seen)
+
+
+def delete_pruned(conn: Connection, namespace_id: str, seen: list[Any]) -> bool:
+    """Delete the outbox rows ``seen`` (one namespace) as seen. True when every row matched;
+    otherwise the caller must roll back and prune them one by one."""
+    params: dict[str, Any] = {"ns": namespace_id}
+    for i, row in enumerate(seen):
+        params[f"op{i}"], params[f"st{i}"] = row.operation_id, row.state
+        params[f"ep{i}"], params[f"up{i}"] = row.lease_epoch, row.updated_at
+    return bool(conn.execute(_prune_delete(len(seen)), params).rowcount == len(seen))
+
+
+def insert_pruned(conn: Connection, records: list[dict[str, Any]]) -> None:
+    """The compact records of rows deleted in the same transaction."""
+    if records:
+        conn.execute(insert(p), records)
+
+
+# --- dead letters: review pages and resolutions --------------------------------------------------
+
+
+def _current_resolution() -> Any:
+    return and_(
+        r.c.namespace_id == o.c.namespace_id,
+        r.c.operation_id == o.c.operation_id,
+        r.c.review_since == o.c.updated_at,
+    )
+
+
+def review_page(
+    conn: Connection,
+    *,
+    last_code: str,
+    namespace_id: str | None,
+    after: tuple[str, str] | None,
+    limit: int,
+    unresolved: bool,
+) -> list[Any]:
+    """REVIEW rows with ``last_code`` in primary-key order after ``after`` (keyset), with their
+    current resolution if any (``unresolved``: only rows without one)."""
+    stmt = (
+        select(
+            o.c.namespace_id,
+            o.c.operation_id,
+            o.c.queue_id,
+            o.c.state,
+            o.c.last_code,
+            o.c.send_count,
+            o.c.lease_epoch,
+            o.c.send_deadline_at,
+            o.c.updated_at,
+            r.c.resolved_by,
+            r.c.resolved_at,
+        )
+        .select_from(o.outerjoin(r, _current_resolution()))
+        .where(o.c.state == OutboxState.REVIEW, o.c.last_code == last_code)
+        .where(*_after(after, namespace_id))
+        .order_by(o.c.namespace_id, o.c.operation_id)
+        .limit(limit)
+    )
+    if unresolved:
+        stmt = stmt.where(r.c.namespace_id.is_(None))
+    return list(conn.execute(stmt))
+
+
+def get_resolution(conn: Connection, namespace_id: str, operation_id: str) -> Any:
+    return conn.execute(
+        select(r).where(r.c.namespace_id == namespace_id, r.c.operation_id == operation_id)
+    ).first()
+
+
+def record_resolution(
+    conn: Connection,
+    row: Any,
+    *,
+    resolved_by: str,
+    reason: str,
+    now: dt.datetime,
+) -> bool:
+    """Record who resolved the REVIEW row ``row`` (as read: ``updated_at`` is the review it
+    resolves) and why. A resolution of an earlier review of the same operation (the row was
+    requeued since) is replaced. False when the row is already resolved (someone else was
+    first). A row changed meanwhile gets a resolution that no longer holds (harmless)."""
+    conn.execute(
+        delete(r).where(
+            r.c.namespace_id == row.namespace_id,
+            r.c.operation_id == row.operation_id,
+            r.c.review_since != row.updated_at,
+        )
+    )
+    try:
+        with conn.begin_nested():
+            conn.execute(
+                insert(r).values(
+                    namespace_id=row.namespace_id,
+                    operation_id=row.operation_id,
+                    review_since=row.updated_at,
+                    last_code=row.last_code,
+                    resolved_by=resolved_by,
+                    reason=reason,
+                    resolved_at=now,
+                )
+            )
+    except IntegrityError:
+        return False
+    return True

@@ -1,8 +1,11 @@
-"""Celery tasks of the outbox sender — thin wrappers around :class:`Relay`.
+"""Celery tasks of the outbox sender — thin wrappers around :class:`Relay` and the retention.
 
 ``orbit.sender.tick`` (beat, every ``ORBIT_SENDER_TICK_SECONDS``) runs one bounded relay pass; when
 the pass stops with due rows left it publishes one ``orbit.sender.relay`` wake-up so that another
 sender worker joins in. Messages are wake-ups only: ownership is the database claim.
+``orbit.sender.prune`` (beat, hourly, only with ``ORBIT_SENDER_RETENTION``) runs ``orbit sender
+prune --older-than $ORBIT_SENDER_RETENTION`` for at most one claim budget and hands the rest of
+the table to a continuation of itself (docs/sender.md "Retention").
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import TransientError
 from orbit_tasks.logs import log_action
+from orbit_tasks.sender import retention
 from orbit_tasks.sender.client import PlatformClient
 from orbit_tasks.sender.relay import PassStats, Relay
 from orbit_tasks.sender_limits import pass_limits
@@ -103,3 +107,53 @@ def tick() -> dict[str, object]:
 def relay_task() -> dict[str, object]:
     """The same bounded pass, published by a tick that left due rows behind."""
     return _run("sender.relay.failed").as_fields()
+
+
+@app.task(
+    name="orbit.sender.prune",
+    ignore_result=True,
+    throws=(TransientError,),
+    acks_late=True,
+    soft_time_limit=LIMITS.soft_limit_seconds,
+    time_limit=LIMITS.hard_limit_seconds,
+)
+def prune_task(after: str | None = None) -> dict[str, object]:
+    """Prune outbox rows older than ``ORBIT_SENDER_RETENTION`` (off: nothing), from the cursor
+    ``after`` (``NS:OP``) for at most the claim budget; a continuation takes the rest."""
+    seconds = get_settings().sender_retention_seconds
+    if seconds is None:
+        log_action(logger, "sender.prune.off", reason="ORBIT_SENDER_RETENTION is off")
+        return {"pruned": 0}
+    cursor = None
+    if after:
+        ns, _, op = after.partition(":")
+        cursor = (ns, op)
+    try:
+        report = retention.prune(
+            business_engine(),
+            older_than_seconds=seconds,
+            after=cursor,
+            budget_seconds=LIMITS.claim_seconds,
+        )
+    except Exception as exc:
+        if not is_transient_db(exc):
+            raise
+        log_action(
+            logger,
+            "sender.prune.failed",
+            logging.WARNING,
+            error=type(exc).__name__,
+            code=driver_code(exc),
+        )
+        raise TransientError(
+            "business database unavailable or busy; the next prune retries"
+        ) from None
+    fields = report.as_fields()
+    if report.next_after is not None:
+        try:
+            prune_task.apply_async(args=[fields["next"]], queue="orbit.sender")
+        except Exception as exc:  # noqa: BLE001 - the next beat run starts over
+            log_action(
+                logger, "sender.prune.publish_failed", logging.WARNING, error=type(exc).__name__
+            )
+    return fields

@@ -105,7 +105,7 @@ def test_upgrade_creates_only_what_is_missing() -> None:
         assert result.exit_code == 0, result.stderr
         assert result.stdout.strip() == (
             "business database: adopted 1 existing tables, created 1 tables; "
-            "revision b0001 recorded"
+            "revision b0002 recorded"
         )
 
 
@@ -296,10 +296,15 @@ def test_sqlite_adopts_tables_created_by_the_application_tool(tmp_path: Path) ->
     result = invoke_orbit(["sender", "db", "upgrade", "--json"], env)
 
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["adopted"] == ["sender_jobs", "sender_outbox"]
+    assert json.loads(result.stdout)["adopted"] == [
+        "sender_jobs",
+        "sender_outbox",
+        "sender_pruned",
+        "sender_resolutions",
+    ]
     assert _sqlite_rows(url) == dump
     assert invoke_orbit(["sender", "db", "current"], env).stdout.strip() == (
-        "business database: revision b0001 (head)"
+        "business database: revision b0002 (head)"
     )
 
 

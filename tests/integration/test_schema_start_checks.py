@@ -23,7 +23,7 @@ from tests.support import sender as sender_support
 from tests.support.api_server import free_port
 from tests.support.cli import ORBIT, REPO, orbit_env, run_orbit
 from tests.support.db import mariadb_database, migrated_engine, redis_url
-from tests.support.schema import load_seed
+from tests.support.schema import create_b0002_tables, load_app_sender_tables, load_seed
 from tests.support.sender import World, check_invariants, enqueue_many, open_count
 
 pytestmark = [pytest.mark.mariadb]
@@ -52,7 +52,7 @@ def test_processes_refuse_to_start_on_missing_tables(empty_url: str, tmp_path: P
     env = orbit_env(empty_url, empty_url, ORBIT_VAR_DIR=str(tmp_path / "var"))
     platform = "platform database: table orbit_archive_jobs is missing (and 16 more); "
     platform += "run `orbit db upgrade`"
-    business = "business database: table sender_jobs is missing (and 1 more); "
+    business = "business database: table sender_jobs is missing (and 3 more); "
     business += "run `orbit sender db upgrade`"
     cases = {
         ("worker", "archive", "--volume", str(volume)): platform,
@@ -77,7 +77,7 @@ def test_celery_started_directly_refuses_too(empty_url: str, tmp_path: Path) -> 
     )
     platform = "error: platform database: table orbit_archive_jobs is missing (and 16 more); "
     platform += "run `orbit db upgrade`"
-    business = "error: business database: table sender_jobs is missing (and 1 more); "
+    business = "error: business database: table sender_jobs is missing (and 3 more); "
     business += "run `orbit sender db upgrade`"
     celery = [str(REPO / ".venv/bin/python"), "-m", "celery", "-A", "orbit_tasks.celery_app"]
     cases = {
@@ -119,6 +119,9 @@ def test_beat_of_an_outbox_only_deployment_checks_the_business_database(tmp_path
         line = _refusal(run_orbit(["beat", "--print-command"], env))
         assert "business database: table sender_jobs is missing" in line
         load_seed(url, "sender_outbox.sql")
+        line = _refusal(run_orbit(["beat", "--print-command"], env))
+        assert "business database: table sender_pruned is missing (and 1 more)" in line
+        create_b0002_tables(url)
         ok = run_orbit(["beat", "--print-command"], env)
         assert ok.returncode == 0, ok.stderr
 
@@ -126,9 +129,9 @@ def test_beat_of_an_outbox_only_deployment_checks_the_business_database(tmp_path
 @pytest.fixture
 def app_business() -> Iterator[tuple[str, Engine]]:
     """A business database whose sender tables the application's own tool created from the
-    seed DDL: no migration record of ours."""
+    seed DDL and the DDL of revision b0002: no migration record of ours."""
     with mariadb_database("orbit_appdb") as url:
-        load_seed(url, "sender_outbox.sql")
+        load_app_sender_tables(url)
         engine = make_engine(url)
         try:
             yield url, engine

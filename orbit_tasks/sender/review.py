@@ -1,0 +1,201 @@
+"""Dead letters (docs/sender.md "Dead letters"): requeue REVIEW rows one by one or by code, and
+resolve them — an operator marks a REVIEW row as handled, recorded with who and why.
+
+A resolution belongs to the review it was recorded on (``sender_resolutions.review_since`` is the
+row's ``updated_at`` then): a requeue, or any later write of the row, ends it without touching
+the resolution table, so a row that comes back to REVIEW is unresolved again. Resolved rows
+leave ``orbit_outbox_review_rows`` and may be pruned after the retention (retention.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import Connection
+
+from orbit_tasks.db.engine import DB_CLOCK, Clock
+from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
+from orbit_tasks.logs import log_action
+from orbit_tasks.sender import policy, store
+
+logger = logging.getLogger("orbit.sender.review")
+PAGE_ROWS = 200
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="microseconds") + "Z"
+
+
+def _item(row: Any, action: str, why: str = "") -> dict[str, Any]:
+    return {
+        "namespace_id": row.namespace_id,
+        "operation_id": row.operation_id,
+        "last_code": row.last_code,
+        "send_count": row.send_count,
+        "send_deadline_at": _iso(row.send_deadline_at),
+        "action": action,
+        "why": why or None,
+    }
+
+
+def _pages(
+    engine: Engine, code: str, namespace_id: str | None, *, unresolved: bool
+) -> Iterator[tuple[Connection, dt.datetime, list[Any]]]:
+    """REVIEW rows with ``code``, one keyset page per short transaction (with its ``now``)."""
+    if code not in policy.REVIEW_CODES:
+        allowed = ", ".join(sorted(policy.REVIEW_CODES))
+        raise InvalidInput(f"--code {code!r} is not a REVIEW code (allowed: {allowed})")
+    after: tuple[str, str] | None = None
+    while True:
+        with engine.begin() as conn:
+            page = store.review_page(
+                conn,
+                last_code=code,
+                namespace_id=namespace_id,
+                after=after,
+                limit=PAGE_ROWS,
+                unresolved=unresolved,
+            )
+            if not page:
+                return
+            yield conn, DB_CLOCK.now(conn), page
+        if len(page) < PAGE_ROWS:
+            return
+        after = (page[-1].namespace_id, page[-1].operation_id)
+
+
+# --- requeue ---------------------------------------------------------------------------------
+
+
+def requeue_one(engine: Engine, ns: str, op: str, clock: Clock = DB_CLOCK) -> Any:
+    """``orbit sender requeue NS OP``: REVIEW -> PENDING, same key and body; the row as it was.
+    Refused (IllegalState, exit 3) past its deadline, at 100 sends, or not in REVIEW."""
+    with engine.begin() as conn:
+        row = load(conn, ns, op)
+        now = clock.now(conn)
+        why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
+        if why:
+            raise IllegalState(f"cannot requeue {ns}/{op}: {why}")
+        if not store.requeue(conn, row, now):
+            raise IllegalState(f"cannot requeue {ns}/{op}: the row changed meanwhile; retry")
+    _logged_requeue(row)
+    return row
+
+
+def _logged_requeue(row: Any) -> None:
+    log_action(
+        logger,
+        "sender.row.requeued",
+        namespace_id=row.namespace_id,
+        operation_id=row.operation_id,
+        previous_code=row.last_code,
+        send_count=row.send_count,
+    )
+
+
+def requeue_code(
+    engine: Engine, code: str, namespace_id: str | None, *, dry_run: bool
+) -> list[dict[str, Any]]:
+    """Every REVIEW row with ``code`` (in ``namespace_id``): requeued (the single-row rule and
+    statement, row by row), or refused with the reason (deadline passed, 100 sends, changed
+    meanwhile); with ``dry_run`` what would happen."""
+    items = []
+    for conn, now, page in _pages(engine, code, namespace_id, unresolved=False):
+        for row in page:
+            why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
+            if why:
+                items.append(_item(row, "refused", why))
+            elif dry_run:
+                items.append(_item(row, "would_requeue"))
+            elif store.requeue(conn, row, now):
+                items.append(_item(row, "requeued"))
+                _logged_requeue(row)
+            else:
+                items.append(_item(row, "refused", "the row changed meanwhile"))
+    return items
+
+
+# --- resolve ---------------------------------------------------------------------------------
+
+
+def load(conn: Connection, ns: str, op: str) -> Any:
+    row = store.get_row(conn, ns, op)
+    if row is None:
+        raise NotFound(f"outbox row namespace {ns} operation {op} does not exist")
+    return row
+
+
+def _checked(reason: str, actor: str) -> tuple[str, str]:
+    why = policy.reason_refusal(reason)
+    if why:
+        raise InvalidInput(why)
+    return reason, actor[: policy.MAX_ACTOR_CHARS]
+
+
+def _logged_resolution(row: Any, actor: str) -> None:
+    log_action(
+        logger,
+        "sender.row.resolved",
+        namespace_id=row.namespace_id,
+        operation_id=row.operation_id,
+        last_code=row.last_code,
+        resolved_by=actor,
+    )
+
+
+def resolve_one(
+    engine: Engine, ns: str, op: str, *, reason: str, actor: str, clock: Clock = DB_CLOCK
+) -> dict[str, Any]:
+    """Mark the REVIEW row (ns, op) as handled by ``actor`` for ``reason``. Refused (exit 3)
+    when it is not in REVIEW or already resolved (naming by whom)."""
+    reason, actor = _checked(reason, actor)
+    with engine.begin() as conn:
+        row = load(conn, ns, op)
+        if row.state != policy.OutboxState.REVIEW:
+            raise IllegalState(
+                f"cannot resolve {ns}/{op}: state is {row.state}; only REVIEW rows are resolved"
+            )
+        now = clock.now(conn)
+        if not store.record_resolution(conn, row, resolved_by=actor, reason=reason, now=now):
+            found = store.get_resolution(conn, ns, op)
+            raise IllegalState(
+                f"cannot resolve {ns}/{op}: already resolved by {found.resolved_by} at "
+                f"{_iso(found.resolved_at)}"
+            )
+    _logged_resolution(row, actor)
+    return {
+        "namespace_id": ns,
+        "operation_id": op,
+        "last_code": row.last_code,
+        "resolved_by": actor,
+        "resolved_at": _iso(now),
+        "reason": reason,
+    }
+
+
+def resolve_code(
+    engine: Engine,
+    code: str,
+    namespace_id: str | None,
+    *,
+    reason: str,
+    actor: str,
+    dry_run: bool,
+) -> list[dict[str, Any]]:
+    """Resolve every unresolved REVIEW row with ``code`` (in ``namespace_id``)."""
+    reason, actor = _checked(reason, actor)
+    items = []
+    for conn, now, page in _pages(engine, code, namespace_id, unresolved=True):
+        for row in page:
+            if dry_run:
+                items.append(_item(row, "would_resolve"))
+            elif store.record_resolution(conn, row, resolved_by=actor, reason=reason, now=now):
+                items.append(_item(row, "resolved"))
+                _logged_resolution(row, actor)
+            else:
+                items.append(_item(row, "skipped", "resolved meanwhile by someone else"))
+    return items
