@@ -600,7 +600,10 @@ def _prune_delete(n: int) -> Any:
             for i in range(n)
         )
     )
-    return delete(o).where(o.c.namespace_id == bindparam("ns"), as_seen)
+    # The IN list names the primary-key points (the optimizer takes the OR of row fences alone
+    # for a range of ix_sender_due's namespace prefix on a small table).
+    points = o.c.operation_id.in_([bindparam(f"op{i}") for i in range(n)])
+    return delete(o).where(o.c.namespace_id == bindparam("ns"), points, as_seen)
 
 
 def delete_pruned(conn: Connection, namespace_id: str, seen: list[Any]) -> bool:
