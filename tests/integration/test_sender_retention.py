@@ -32,11 +32,14 @@ import redis
 from alembic import command
 from celery import Celery
 from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy.dialects import mysql
 
 from orbit_tasks.db.business_tables import sender_outbox, sender_pruned
 from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.history_tables import tasks
 from orbit_tasks.db.migrate import alembic_config, render_sql, upgrade
+from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables
+from orbit_tasks.db.migrations.frozen_0001 import create_statements
 from orbit_tasks.sender import OutboxConflict, enqueue, store
 from orbit_tasks.sender.retention import PAGE_ROWS, prune
 from tests.integration.test_sender_celery import Workers
@@ -564,6 +567,20 @@ def test_retention_runs_from_a_sender_worker(
         check=True,
     )
     assert "'task': 'orbit.sender.prune'" in schedule.stdout and "orbit.sender" in schedule.stdout
+    off = subprocess.run(
+        [
+            str(REPO / ".venv/bin/python"),
+            "-c",
+            "import celeryconfig as c; print(sorted(c.beat_schedule))",
+        ],
+        env={k: v for k, v in env.items() if k != "ORBIT_SENDER_RETENTION"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert off.stdout.strip() == "['orbit-archive-tick', 'orbit-sender-tick']"  # off by default
     workers.start("sender-prune", env)
     beat.send_task("orbit.sender.prune", queue="orbit.sender")
     end = time.monotonic() + 60
@@ -664,3 +681,37 @@ def test_b0002_rendered_for_mysql8() -> None:
         assert column in part, column
     assert "ALTER TABLE" not in part and "sender_outbox" not in part.split("UPDATE")[0]
     assert part.rstrip().endswith("WHERE sender_alembic_version.version_num = 'b0001';")
+
+
+def test_schema_doc_carries_the_b0002_ddl() -> None:
+    """docs/schema.md shows the DDL of b0002 for applications that own the sender tables: it is
+    what the revision runs on MySQL 8 / MariaDB."""
+    doc = (REPO / "docs" / "schema.md").read_text("utf-8")
+    rendered = [
+        "\n".join(
+            line.rstrip()
+            for line in str(st.compile(dialect=mysql.dialect()))
+            .strip()
+            .replace("\t", "    ")
+            .splitlines()
+        )
+        + ";"
+        for st in create_statements(b0002_tables.metadata)
+    ]
+    for statement in rendered:
+        assert statement in doc, statement[:80]
+
+
+def test_upgrade_refuses_half_of_b0002_created_by_hand(world: World, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'half.sqlite3'}"
+    engine = make_engine(url)
+    b0001_tables.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(next(iter(create_statements(b0002_tables.metadata, only=["sender_pruned"]))))
+    engine.dispose()
+    before = (tmp_path / "half.sqlite3").read_bytes()
+    done = run_orbit(["sender", "db", "upgrade"], orbit_env(world.platform_url, url))
+    assert done.returncode == 3, done.stderr
+    assert "tables sender_pruned exist but sender_resolutions do not" in done.stderr
+    assert "nothing was changed" in done.stderr
+    assert (tmp_path / "half.sqlite3").read_bytes() == before

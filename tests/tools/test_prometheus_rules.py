@@ -99,7 +99,7 @@ def test_promtool_checks_rules_and_config() -> None:
 
 
 def test_promtool_rule_unit_tests() -> None:
-    """Unserved, source down (a source, then the exporter itself), new REVIEW rows, rows near
+    """Unserved, source down (a source, then the exporter itself), unresolved REVIEW rows, rows near
     the deadline, failed jobs, overdue plans and expired leases, at exact evaluation times."""
     result = _promtool("test", "rules", str(RULE_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,93 @@
+"""Pure rules of retention and resolutions (orbit_tasks/sender/policy.py) and the
+``ORBIT_SENDER_RETENTION`` setting, at their boundaries."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from orbit_tasks.errors import InvalidInput
+from orbit_tasks.sender import policy
+from orbit_tasks.settings import load_settings
+
+T = dt.datetime(2026, 12, 1, 12, 0, 0, 500000)
+US = dt.timedelta(microseconds=1)
+
+
+def test_accepted_rows_are_prunable_strictly_before_the_cutoff() -> None:
+    assert policy.prunable("ACCEPTED", T - US, None, T)
+    assert not policy.prunable("ACCEPTED", T, None, T)
+    assert not policy.prunable("ACCEPTED", T + US, None, T)
+
+
+@pytest.mark.parametrize("state", ["PENDING", "SENDING"])
+def test_open_rows_are_never_prunable(state: str) -> None:
+    old = T - dt.timedelta(days=3650)
+    assert not policy.prunable(state, old, old, T)
+
+
+def test_review_rows_only_when_resolved_before_the_cutoff() -> None:
+    old = T - dt.timedelta(days=30)
+    assert not policy.prunable("REVIEW", old, None, T)  # unresolved: never
+    assert policy.prunable("REVIEW", old, T - US, T)
+    assert not policy.prunable("REVIEW", old, T, T)
+
+
+def test_a_resolution_holds_only_for_the_review_it_was_recorded_on() -> None:
+    assert policy.resolution_current("REVIEW", T, T)
+    assert not policy.resolution_current("REVIEW", T + US, T)  # requeued and back since
+    assert not policy.resolution_current("PENDING", T, T)  # requeued
+    assert not policy.resolution_current("REVIEW", T, None)
+
+
+@pytest.mark.parametrize(
+    ("reason", "refused"),
+    [
+        ("granted the queue", ""),
+        ("x" * 500, ""),
+        ("é😀 ok", ""),
+        ("", "allowed 1..500"),
+        ("   ", "not blank"),
+        ("x" * 501, "--reason is 501 characters"),
+        ("two\nlines", "control characters"),
+        ("tab\there", "control characters"),
+        ("\ud800", "lone surrogate"),
+    ],
+)
+def test_reasons(reason: str, refused: str) -> None:
+    got = policy.reason_refusal(reason)
+    assert (got == "") if not refused else (refused in got), got
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [(None, None), ("", None), ("off", None), ("OFF", None), ("7d", 604800), ("1", 1),
+     ("36h", 129600), ("3650d", 3650 * 86400)],
+)  # fmt: skip
+def test_retention_setting(raw: str | None, seconds: int | None) -> None:
+    env = {} if raw is None else {"ORBIT_SENDER_RETENTION": raw}
+    assert load_settings(env).sender_retention_seconds == seconds
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("0", "ORBIT_SENDER_RETENTION=0 is out of range (allowed 1s..3650d, or off)"),
+        ("3651d", "ORBIT_SENDER_RETENTION=3651d is out of range (allowed 1s..3650d, or off)"),
+        ("7 days", "ORBIT_SENDER_RETENTION='7 days' is not a duration"),
+        ("-1d", "is not a duration"),
+        ("on", "is not a duration"),
+    ],
+)
+def test_bad_retention_settings_name_the_value_and_the_range(raw: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        load_settings({"ORBIT_SENDER_RETENTION": raw})
+    assert message in str(err.value) and "1s..3650d" in str(err.value)
+
+
+def test_older_than_range() -> None:
+    assert policy.retention_refusal(1, "--older-than") == ""
+    assert policy.retention_refusal(3650 * 86400, "--older-than") == ""
+    assert "allowed 1s..3650d" in policy.retention_refusal(0, "--older-than")
+    assert "allowed 1s..3650d" in policy.retention_refusal(3650 * 86400 + 1, "--older-than")
