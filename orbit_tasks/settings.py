@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,6 +54,9 @@ class Settings:
     # ORBIT_SENDER_RETENTION (docs/sender.md "Retention"): prune ACCEPTED (and resolved REVIEW)
     # outbox rows older than this from beat; None = off (the default).
     sender_retention_seconds: int | None = None
+    # Who an operator command records (``sender resolve``; the same rule as the archive
+    # controls of issue 16): ORBIT_OPERATOR, else ORBIT_ACTOR, else the OS user.
+    operator: str = "operator"
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -154,7 +158,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
         sender_retention_seconds=_retention(env, "ORBIT_SENDER_RETENTION"),
+        operator=env.get("ORBIT_OPERATOR") or env.get("ORBIT_ACTOR") or _os_user(env),
     )
+
+
+def _os_user(env: Mapping[str, str]) -> str:
+    """The OS user running the command (``$USER``, else the password database)."""
+    if env.get("USER"):
+        return env["USER"]
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return "operator"
 
 
 def _retention(env: Mapping[str, str], name: str) -> int | None:

@@ -126,7 +126,8 @@ def sender_list(
 @click.argument("op", metavar="OP")
 @json_option
 def sender_show(ns: str, op: str, as_json: bool) -> None:
-    """Show one outbox row (without the request body; see its size and digest).
+    """Show one outbox row (without the request body; see its size and digest), with its
+    resolution if it is a resolved REVIEW row; of a pruned operation its compact record.
 
     NS is a namespace name or 32-hex id; OP the 32-hex operation id."""
     op = _hex(op, "OP")
@@ -272,12 +273,13 @@ def sender_resolve(
     dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Mark REVIEW rows as handled, recorded with who (ORBIT_ACTOR, else $USER) and why: one row
+    """Mark REVIEW rows as handled, recorded with who (ORBIT_OPERATOR, else ORBIT_ACTOR, else the
+    OS user) and why: one row
     (NS OP) or every unresolved REVIEW row with --code CODE [--namespace NS]. Resolved rows leave
     orbit_outbox_review_rows and `sender list --unresolved`, and may be pruned after the
     retention; the row itself is unchanged (a requeue ends the resolution)."""
     _one_or_code(ns, op, code, namespace)
-    actor = get_settings().actor
+    actor = get_settings().operator
     if code is not None:
         scope = None if namespace is None else _namespace(namespace)
         items = sender_review.resolve_code(

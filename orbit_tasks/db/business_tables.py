@@ -244,7 +244,7 @@ sender_resolutions = Table(
         "resolved_by",
         Str(128, charset="utf8mb4", collation="utf8mb4_0900_bin"),
         nullable=False,
-        comment="处理人，ORBIT_ACTOR或系统用户",
+        comment="处理人，ORBIT_OPERATOR、ORBIT_ACTOR或系统用户",
     ),
     Column(
         "reason",

@@ -91,3 +91,12 @@ def test_older_than_range() -> None:
     assert policy.retention_refusal(3650 * 86400, "--older-than") == ""
     assert "allowed 1s..3650d" in policy.retention_refusal(0, "--older-than")
     assert "allowed 1s..3650d" in policy.retention_refusal(3650 * 86400 + 1, "--older-than")
+
+
+def test_who_resolves_operator_then_actor_then_the_os_user() -> None:
+    assert (
+        load_settings({"ORBIT_OPERATOR": "op", "ORBIT_ACTOR": "ac", "USER": "u"}).operator == "op"
+    )
+    assert load_settings({"ORBIT_ACTOR": "ac", "USER": "u"}).operator == "ac"
+    assert load_settings({"USER": "u"}).operator == "u"
+    assert load_settings({}).operator  # the password database's name for this uid
