@@ -22,6 +22,7 @@ SCRIPTS = [
     "keyset",
     "archive_throughput",
     "sender_throughput",
+    "sender_prune",
     "restore_throughput",
     "metrics_scrape",
     "tick_scaling",

@@ -21,7 +21,8 @@ written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finaliz
 read-ahead thread ``archive.read_ahead`` (a prepared batch file handed over, not written);
 the job store's ``archive.finalize.before_commit`` (SUCCEEDED and the plan written, not
 committed: the job and plan rows are locked). The relay's ``sender.claim.before_commit`` (a page
-of outbox rows claimed, not committed).
+of outbox rows claimed, not committed); the retention's ``sender.prune.before_commit`` (a page
+of outbox rows deleted and their compact records inserted, not committed).
 Durable writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and
 synced), ``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced
 removal has renamed the name aside). ``orbit storage init``: ``storage.init.before_commit``
