@@ -142,6 +142,7 @@ def prune(
                     _prune_together(conn, chosen, clock.now(conn))
             done = chosen
         except _PageChanged:
+            log_action(logger, "sender.prune.page_changed", rows=len(chosen))
             done = _one_by_one(engine, chosen, clock)
         if not page:
             break
