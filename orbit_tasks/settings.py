@@ -50,10 +50,27 @@ class Settings:
     metrics_cache_seconds: int = 15
     metrics_timeout_seconds: float = 5.0
     sender_database_configured: bool = False
+    # enqueue() publishes one sender wake-up after the caller's transaction commits
+    # (docs/sender.md "Delivery right after commit"): on/off, and the bound of that publish.
+    sender_wake_on_commit: bool = True
+    sender_wake_timeout_seconds: float = 0.5
 
     @property
     def broker_is_filesystem(self) -> bool:
         return self.broker_url.startswith("filesystem://")
+
+    def filesystem_broker_options(self) -> dict[str, object]:
+        """kombu's transport options of the embedded filesystem broker under ``var_dir`` (the
+        workers' celeryconfig and the after-commit wake-up publish through the same folders)."""
+        folder = str(self.var_dir / "broker")
+        return {
+            "data_folder_in": folder,
+            "data_folder_out": folder,
+            "processed_folder": str(self.var_dir / "broker-processed"),
+            # kombu keeps exchange bindings in "control_folder" (default: ./control in the cwd).
+            "control_folder": str(self.var_dir / "broker-control"),
+            "store_processed": False,
+        }
 
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -150,7 +167,23 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
+        sender_wake_on_commit=_switch(env, "ORBIT_SENDER_WAKE_ON_COMMIT", True),
+        sender_wake_timeout_seconds=_float(
+            env, "ORBIT_SENDER_WAKE_TIMEOUT_SECONDS", 0.5, 0.05, 5.0
+        ),
     )
+
+
+SWITCH_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.strip().lower() not in SWITCH_VALUES:
+        raise InvalidInput(f"{name}={raw!r} is not allowed (allowed 1, 0, true, false, on, off)")
+    return SWITCH_VALUES[raw.strip().lower()]
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
