@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Connection, Dialect
@@ -185,6 +186,8 @@ class Publisher:
         timeout = settings.sender_wake_timeout_seconds
         if settings.broker_is_filesystem:
             options: dict[str, Any] = settings.filesystem_broker_options()
+            for key in ("data_folder_in", "processed_folder", "control_folder"):
+                Path(str(options[key])).mkdir(parents=True, exist_ok=True)  # as celeryconfig
         else:
             options = {
                 "socket_timeout": timeout,

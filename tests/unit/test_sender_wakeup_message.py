@@ -4,12 +4,14 @@ in the application's process), and its settings are validated like every other."
 from __future__ import annotations
 
 import datetime as dt
+import json
+from pathlib import Path
 
 import pytest
 from celery import Celery
 
 from orbit_tasks.errors import InvalidInput
-from orbit_tasks.sender.wakeup import RELAY_TASK, wakeup_message
+from orbit_tasks.sender.wakeup import RELAY_TASK, Publisher, wakeup_message
 from orbit_tasks.settings import load_settings
 
 
@@ -36,3 +38,16 @@ def test_switch_and_bound_settings() -> None:
     assert load_settings({}).sender_wake_timeout_seconds == 0.5
     with pytest.raises(InvalidInput, match=r"allowed 0.05\.\.5"):
         load_settings({"ORBIT_SENDER_WAKE_TIMEOUT_SECONDS": "9"})
+
+
+def test_the_embedded_filesystem_broker_gets_one_message_file(tmp_path: Path) -> None:
+    """Without CELERY_BROKER_URL the wake-up goes where the embedded workers read (the folders
+    celeryconfig uses, created when missing)."""
+    settings = load_settings({"ORBIT_VAR_DIR": str(tmp_path)})
+    publisher = Publisher()
+    assert publisher.publish(settings) is True
+    (message,) = (tmp_path / "broker").iterdir()
+    assert message.name.endswith(".orbit.sender.msg")
+    doc = json.loads(message.read_text())
+    assert doc["headers"]["task"] == RELAY_TASK
+    assert doc["properties"]["delivery_info"]["routing_key"] == "orbit.sender"
