@@ -21,15 +21,7 @@ _settings = _get_settings()
 
 broker_url = _settings.broker_url
 if _settings.broker_is_filesystem:
-    _folder = str(_settings.var_dir / "broker")
-    broker_transport_options = {
-        "data_folder_in": _folder,
-        "data_folder_out": _folder,
-        "processed_folder": str(_settings.var_dir / "broker-processed"),
-        # kombu keeps exchange bindings in "control_folder" (default: ./control in the cwd).
-        "control_folder": str(_settings.var_dir / "broker-control"),
-        "store_processed": False,
-    }
+    broker_transport_options = _settings.filesystem_broker_options()
     # kombu does not create these folders itself; a worker or publisher would crash on the first
     # message of a fresh checkout.
     for _key in ("data_folder_in", "processed_folder", "control_folder"):

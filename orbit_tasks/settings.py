@@ -57,10 +57,27 @@ class Settings:
     # Who an operator command records (``sender resolve``; the same rule as the archive
     # controls of issue 16): ORBIT_OPERATOR, else ORBIT_ACTOR, else the OS user.
     operator: str = "operator"
+    # enqueue() publishes one sender wake-up after the caller's transaction commits
+    # (docs/sender.md "Delivery right after commit"): on/off, and the bound of that publish.
+    sender_wake_on_commit: bool = True
+    sender_wake_timeout_seconds: float = 0.5
 
     @property
     def broker_is_filesystem(self) -> bool:
         return self.broker_url.startswith("filesystem://")
+
+    def filesystem_broker_options(self) -> dict[str, object]:
+        """kombu's transport options of the embedded filesystem broker under ``var_dir`` (the
+        workers' celeryconfig and the after-commit wake-up publish through the same folders)."""
+        folder = str(self.var_dir / "broker")
+        return {
+            "data_folder_in": folder,
+            "data_folder_out": folder,
+            "processed_folder": str(self.var_dir / "broker-processed"),
+            # kombu keeps exchange bindings in "control_folder" (default: ./control in the cwd).
+            "control_folder": str(self.var_dir / "broker-control"),
+            "store_processed": False,
+        }
 
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -159,6 +176,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
         sender_retention_seconds=_retention(env, "ORBIT_SENDER_RETENTION"),
         operator=env.get("ORBIT_OPERATOR") or env.get("ORBIT_ACTOR") or _os_user(env),
+        sender_wake_on_commit=_switch(env, "ORBIT_SENDER_WAKE_ON_COMMIT", True),
+        sender_wake_timeout_seconds=_float(
+            env, "ORBIT_SENDER_WAKE_TIMEOUT_SECONDS", 0.5, 0.05, 5.0
+        ),
     )
 
 
@@ -188,6 +209,18 @@ def _retention(env: Mapping[str, str], name: str) -> int | None:
     if not sender_limits.MIN_RETENTION_SECONDS <= seconds <= sender_limits.MAX_RETENTION_SECONDS:
         raise InvalidInput(f"{name}={raw} is out of range (allowed {allowed}, or off)")
     return seconds
+
+
+SWITCH_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.strip().lower() not in SWITCH_VALUES:
+        raise InvalidInput(f"{name}={raw!r} is not allowed (allowed 1, 0, true, false, on, off)")
+    return SWITCH_VALUES[raw.strip().lower()]
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:

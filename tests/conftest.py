@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,6 +10,11 @@ from sqlalchemy import Engine
 
 from orbit_tasks.db.engine import make_engine
 from tests.support.db import mariadb_database, migrated_engine
+
+# enqueue() publishes a sender wake-up after each commit (docs/sender.md). The tests' own process
+# has no broker of its own (the filesystem default would collect wake-ups in ./var/broker), so it
+# is off here; tests/integration/test_sender_wakeup.py turns it on with the broker it means.
+os.environ.setdefault("ORBIT_SENDER_WAKE_ON_COMMIT", "0")
 
 
 @pytest.fixture

@@ -6,6 +6,10 @@ import click
 
 from orbit_tasks.settings import get_settings
 
+# Outside the Prometheus exporter port registry's 9100-9999 (fully allocated), and neither
+# celery-exporter's 9808 (danihodovic) nor 9540 (OvalMoney), Flower's 5555 or Prometheus' 9090.
+DEFAULT_PORT = 10108
+
 
 @click.group("metrics")
 def metrics_group() -> None:
@@ -15,7 +19,11 @@ def metrics_group() -> None:
 @metrics_group.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
-    "--port", type=click.IntRange(1, 65535), default=9808, show_default=True, help="TCP port."
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="TCP port (not celery-exporter's 9808: docs/metrics.md).",
 )
 def serve(host: str, port: int) -> None:
     """Serve /metrics in the Prometheus text format, read at scrape time (cached for

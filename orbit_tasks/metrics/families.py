@@ -43,7 +43,13 @@ CONTRACT_METRICS = (
     "orbit_outbox_oldest_pending_seconds",
     "orbit_outbox_rows_near_deadline",
 )
-EXTRA_METRICS = ("orbit_source_read_seconds", "orbit_archive_confirmed_bytes")
+EXTRA_METRICS = (
+    "orbit_source_read_seconds",
+    "orbit_archive_confirmed_bytes",
+    "orbit_archive_confirmed_roots",
+    "orbit_archive_confirmed_files",
+    "orbit_archive_claims",
+)
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
 
 
@@ -59,6 +65,10 @@ class PlatformReading:
     leases_expired: Mapping[bytes, int]  # storage -> RUNNING jobs with lease_until < now
     pending_since: Mapping[bytes, dt.datetime]  # storage -> oldest updated_at of a PENDING job
     plans_overdue: Mapping[bytes, int]  # storage -> enabled plans due before now - 2 ticks
+    # (storage, kind) -> over all jobs: confirmed roots, files (batches + manifest), claims taken
+    confirmed_roots: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
+    confirmed_files: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
+    claims: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,18 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
         size = p.confirmed_bytes.get((storage, kind), 0)
         confirmed.add_metric([storage.hex(), kind], float(size))
     yield confirmed
+    for name, help_text, values in (
+        ("orbit_archive_confirmed_roots", "Root records in confirmed archive files, all jobs",
+         p.confirmed_roots),
+        ("orbit_archive_confirmed_files", "Confirmed archive files (manifests and batches), "
+         "all jobs", p.confirmed_files),
+        ("orbit_archive_claims", "Claims archive jobs took (from PENDING, chained after each "
+         "confirmed file, and takeovers), all jobs", p.claims),
+    ):  # fmt: skip
+        fam = GaugeMetricFamily(name, help_text, labels=["storage", "kind"])
+        for storage, kind in pairs:
+            fam.add_metric([storage.hex(), kind], float(values.get((storage, kind), 0)))
+        yield fam
     failed = GaugeMetricFamily(
         "orbit_archive_jobs_failed",
         "FAILED archive jobs awaiting an operator, by error code",

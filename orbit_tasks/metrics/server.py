@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
 
+from orbit_tasks import counters
 from orbit_tasks.db.schema_check import require_schema
 from orbit_tasks.errors import OrbitError
+from orbit_tasks.logs import log_action
 from orbit_tasks.metrics.broker import BrokerSource
 from orbit_tasks.metrics.collector import OrbitCollector
 from orbit_tasks.metrics.sources import BusinessSource, PlatformSource, bounded_engine
@@ -77,6 +80,12 @@ def start(collector: OrbitCollector, host: str, port: int) -> RunningServer:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     registry.register(ProcessCollector(registry=None))
+    # The workers' counters and histograms (orbit_tasks/counters.py): summed over the value
+    # files every worker process writes to PROMETHEUS_MULTIPROC_DIR.
+    path = counters.multiprocess_dir()
+    if path is not None:
+        MultiProcessCollector(registry, path=path)
+    log_action(log, "metrics.worker_counters", directory=path, exported=path is not None)
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:

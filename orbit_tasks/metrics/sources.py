@@ -80,7 +80,7 @@ def snapshot_connection(engine: Engine) -> Any:
 class _Tally:
     cut: dt.datetime
     counted_at: float  # monotonic clock of the recount
-    counts: dict[store.JobKey, tuple[int, int]]
+    counts: dict[store.JobKey, store.Totals]
 
 
 class PlatformSource:
@@ -140,27 +140,33 @@ class PlatformSource:
 def _assemble(
     now: dt.datetime,
     storages: tuple[bytes, ...],
-    counted: dict[store.JobKey, tuple[int, int]],
-    recent: dict[store.JobKey, tuple[int, int]],
+    counted: dict[store.JobKey, store.Totals],
+    recent: dict[store.JobKey, store.Totals],
     active: list[Any],
     overdue: dict[bytes, int],
 ) -> PlatformReading:
     jobs: dict[store.JobKey, int] = {}
     confirmed: dict[tuple[bytes, str], int] = {}
+    roots: dict[tuple[bytes, str], int] = {}
+    files: dict[tuple[bytes, str], int] = {}
+    claims: dict[tuple[bytes, str], int] = {}
 
-    def add(key: store.JobKey, n: int, size: int) -> None:
-        jobs[key] = jobs.get(key, 0) + n
-        confirmed[(key[0], key[1])] = confirmed.get((key[0], key[1]), 0) + size
+    def add(key: store.JobKey, t: store.Totals) -> None:
+        jobs[key] = jobs.get(key, 0) + t.jobs
+        pair = (key[0], key[1])
+        for into, n in ((confirmed, t.bytes), (roots, t.roots), (files, t.files),
+                        (claims, t.claims)):  # fmt: skip
+            into[pair] = into.get(pair, 0) + n
 
     for part in (counted, recent):
-        for key, (n, size) in part.items():
-            add(key, n, size)
+        for key, totals in part.items():
+            add(key, totals)
     failed: dict[tuple[bytes, str], int] = {}
     expired: dict[bytes, int] = {}
     pending_since: dict[bytes, dt.datetime] = {}
     for r in active:
         storage = bytes(r.storage_id)
-        add((storage, r.kind, r.state), int(r.jobs), int(r.bytes or 0))
+        add((storage, r.kind, r.state), store.active_totals(r))
         if r.state == JobState.FAILED:
             failed[(storage, r.error_code)] = failed.get((storage, r.error_code), 0) + int(r.jobs)
         elif r.state == JobState.RUNNING:
@@ -174,6 +180,9 @@ def _assemble(
         storages=storages,
         jobs=jobs,
         confirmed_bytes=confirmed,
+        confirmed_roots=roots,
+        confirmed_files=files,
+        claims=claims,
         failed=failed,
         leases_expired=expired,
         pending_since=pending_since,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
 
@@ -38,6 +38,32 @@ TERMINAL_JOB_STATES = (JobState.SUCCEEDED.value, JobState.ABANDONED.value)
 PAIRS_PER_STATEMENT = 200
 
 JobKey = tuple[bytes, str, str]  # (storage, kind, state)
+
+
+class Totals(NamedTuple):
+    """What a group of jobs holds: how many, and the bytes, roots, files (batches plus the
+    manifest) they confirmed and the claims they took (``attempts``, chained claims included)."""
+
+    jobs: int
+    bytes: int
+    roots: int
+    files: int
+    claims: int
+
+
+def _totals(r: Any) -> Totals:
+    return Totals(
+        int(r.jobs), int(r.bytes or 0), int(r.roots or 0), int(r.files or 0), int(r.claims or 0)
+    )
+
+
+def _confirmed_columns() -> tuple[Any, ...]:
+    return (
+        func.sum(J.bytes).label("bytes"),
+        func.sum(J.roots).label("roots"),
+        (func.sum(J.batches) + _count_if(J.last_sha256 != "")).label("files"),
+        func.sum(J.attempts).label("claims"),
+    )
 
 
 def _count_if(cond: Any) -> Any:
@@ -67,7 +93,7 @@ def active_jobs_query(storages: Sequence[bytes], now: dt.datetime) -> Select[Any
             func.count().label("jobs"),
             func.min(J.updated_at).label("oldest_updated_at"),
             _count_if(J.lease_until < now).label("expired"),
-            func.sum(J.bytes).label("bytes"),
+            *_confirmed_columns(),
         )
         .where(J.storage_id.in_(storages), J.state.in_(ACTIVE_JOB_STATES))
         .group_by(J.storage_id, J.state, J.kind, J.error_code)
@@ -100,7 +126,7 @@ def _terminal_counts(*where: Any) -> Select[Any]:
             J.state,
             J.kind,
             func.count().label("jobs"),
-            func.sum(J.bytes).label("bytes"),
+            *_confirmed_columns(),
         )
         .where(*where)
         .group_by(J.storage_id, J.state, J.kind)
@@ -115,12 +141,14 @@ def overdue_plans_query(storages: Sequence[bytes], due_before: dt.datetime) -> S
     )
 
 
-def terminal_counts(conn: Connection, query: Select[Any]) -> dict[JobKey, tuple[int, int]]:
-    """(storage, kind, state) -> (jobs, bytes) of a terminal-jobs query."""
-    return {
-        (bytes(r.storage_id), r.kind, r.state): (int(r.jobs), int(r.bytes or 0))
-        for r in conn.execute(query)
-    }
+def terminal_counts(conn: Connection, query: Select[Any]) -> dict[JobKey, Totals]:
+    """(storage, kind, state) -> totals of a terminal-jobs query."""
+    return {(bytes(r.storage_id), r.kind, r.state): _totals(r) for r in conn.execute(query)}
+
+
+def active_totals(r: Any) -> Totals:
+    """The totals of one row of :func:`active_jobs_query`."""
+    return _totals(r)
 
 
 def active_jobs(conn: Connection, storages: Sequence[bytes], now: dt.datetime) -> list[Any]:

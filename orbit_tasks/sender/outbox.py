@@ -23,6 +23,7 @@ from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.faults import driver_code
 from orbit_tasks.errors import ConflictError, InvalidInput
 from orbit_tasks.sender import policy, store
+from orbit_tasks.sender.wakeup import wake_after_commit
 
 MAX_REQUEST_BYTES = json_document.MAX_DOCUMENT_BYTES  # the platform's limit (413 above it)
 MAX_SOURCE_REF_CHARS = 512
@@ -322,4 +323,5 @@ def enqueue(
             "row; refusing to enqueue over it"
         ) from None
     row = store.get_row(c, ns, op)
+    wake_after_commit(c)  # one sender wake-up once the caller's transaction commits
     return _entry(row, created=True)

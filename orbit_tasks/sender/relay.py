@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from orbit_tasks import failpoints
+from orbit_tasks import counters, failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
@@ -50,6 +50,10 @@ WINDOW_PER_THREAD = 4
 T = TypeVar("T")
 Monotonic = Callable[[], float]
 LogEntry = tuple[str, int, dict[str, Any]]
+# What one POST's recorded outcome adds to the counters once its transaction committed: the
+# outcome code (STALE: dropped by the fence) and, for an ACCEPTED row, its enqueue-to-accept lag.
+SendCount = tuple[str, float | None]
+STALE = "STALE"
 
 
 def _fields(row: store.Claimed) -> dict[str, Any]:
@@ -62,10 +66,21 @@ def _fields(row: store.Claimed) -> dict[str, Any]:
     )
 
 
-def _flush(entries: list[LogEntry]) -> None:
-    """Log what a transaction did, once it committed."""
+def _flush(entries: list[LogEntry], sends: list[SendCount] | None = None) -> None:
+    """Log and count what a transaction did, once it committed (a page redone row by row is
+    counted once)."""
     for action, level, fields in entries:
         log_action(logger, action, level, **fields)
+    for outcome, lag in sends or ():
+        counters.SENDS.labels(outcome).inc()
+        if lag is not None:
+            counters.ACCEPT_LAG_SECONDS.observe(lag)
+
+
+def _lag(row: store.Claimed, now: dt.datetime) -> float:
+    """Seconds from enqueue to ``now``: ``created_at`` is ``send_deadline_at - SEND_WINDOW``
+    (fixed together at insert), so no extra column is read."""
+    return max(0.0, (now - (row.send_deadline_at - policy.SEND_WINDOW)).total_seconds())
 
 
 class Relay:
@@ -251,9 +266,11 @@ class Relay:
         if row.claimed_at + elapsed + dt.timedelta(seconds=self.timeout_seconds) >= row.lease_until:
             # Too little lease left for one bounded send: give it back unsent.
             return Sent(owned, "release", reason="lease_short")
+        started = time.perf_counter()
         result = self.client.submit(
             row.namespace_id, row.queue_id, row.idempotency_key, row.request_json.encode("utf-8")
         )
+        counters.HTTP_SECONDS.observe(time.perf_counter() - started)
         if result.status in (401, 403):
             self.client.invalidate_identity()
         if result.status in HOLD_STATUSES:
@@ -327,9 +344,18 @@ class Relay:
             code = final
         return code, "review", store.write_review(conn, row, code, now)
 
-    def record(self, conn: Connection, sent: Sent, now: dt.datetime, log: list[LogEntry]) -> str:
-        """Write what happened to one row, fenced by its epoch; returns the stats label."""
+    def record(
+        self,
+        conn: Connection,
+        sent: Sent,
+        now: dt.datetime,
+        log: list[LogEntry],
+        sends: list[SendCount] | None = None,
+    ) -> str:
+        """Write what happened to one row, fenced by its epoch; returns the stats label. A POST's
+        outcome is appended to ``sends`` (counted after the commit)."""
         row = sent.owned.row
+        sends = [] if sends is None else sends
         fields = _fields(row)
         status = None if sent.result is None else sent.result.status
         if sent.action == "error":
@@ -350,8 +376,11 @@ class Relay:
                 extra: dict[str, Any] = {"code": code}
                 if sent.result is not None:
                     extra["status"] = status
+                    sends.append((code, _lag(row, now) if kind == "accepted" else None))
                 log.append((f"sender.row.{kind}", logging.INFO, {**extra, **fields}))
                 return kind
+            if sent.result is not None:
+                sends.append((STALE, None))
         log.append(
             ("sender.outcome.stale", logging.WARNING, {"code": code, "status": status, **fields})
         )
@@ -364,9 +393,11 @@ class Relay:
         now: dt.datetime,
         batched: bool,
         log: list[LogEntry],
+        sends: list[SendCount] | None = None,
     ) -> list[str]:
         """:meth:`record` for several rows; with ``batched`` the accepted ones of a namespace
         share two statements (raises :class:`BatchRaced` when one of them was stale)."""
+        sends = [] if sends is None else sends
         labels: list[str] = []
         accepted: dict[str, list[tuple[Sent, policy.Outcome]]] = {}
         for sent in sents:
@@ -375,7 +406,7 @@ class Relay:
                 if outcome.kind == "accepted":
                     accepted.setdefault(sent.owned.row.namespace_id, []).append((sent, outcome))
                     continue
-            labels.append(self.record(conn, sent, now, log))
+            labels.append(self.record(conn, sent, now, log, sends))
         for group in accepted.values():
             items = [(s.owned.row, str(oc.task_id), str(oc.receipt_json)) for s, oc in group]
             if not store.write_accepted_many(conn, items, now):
@@ -386,6 +417,7 @@ class Relay:
                 log.append(
                     ("sender.row.accepted", logging.INFO, {**fields, **_fields(sent.owned.row)})
                 )
+                sends.append((policy.LastCode.ACCEPTED.value, _lag(sent.owned.row, now)))
                 labels.append("accepted")
         return labels
 
@@ -394,13 +426,15 @@ class Relay:
         try:
             sent = self.send(owned)
             log: list[LogEntry] = []
+            sends: list[SendCount] = []
 
             def run(conn: Connection, _batched: bool) -> str:
                 log.clear()
-                return self.record(conn, sent, self.clock.now(conn), log)
+                sends.clear()
+                return self.record(conn, sent, self.clock.now(conn), log, sends)
 
             label = self._transaction(run)
-            _flush(log)
+            _flush(log, sends)
             return label
         except Exception as exc:  # noqa: BLE001 - one bad row must not stop the pass
             self._row_error(owned, exc)
@@ -508,19 +542,21 @@ class Relay:
         """One transaction: the outcomes of the finished sends, then (with an identity) the
         next page of claims. Returns (claimed rows, due rows seen)."""
         log: list[LogEntry] = []
+        sends: list[SendCount] = []
 
         def run(c: Connection, batched: bool) -> tuple[list[str], list[Owned], int, int]:
             log.clear()
+            sends.clear()
             mono = self.monotonic()
             now = self.clock.now(c)
-            labels = self.record_all(c, sents, now, batched, log)
+            labels = self.record_all(c, sents, now, batched, log, sends)
             if identity is None:
                 return labels, [], 0, 0
             owned, seen, guarded = self._claim(c, identity, room, now, mono, batched, log)
             return labels, owned, seen, guarded
 
         labels, owned, seen, guarded = self._in_transaction(conn, run)
-        _flush(log)
+        _flush(log, sends)
         for label in labels:
             stats.add(label)
         stats.guarded += guarded

@@ -21,6 +21,7 @@ from orbit_tasks.logs import log_action
 from orbit_tasks.sender import retention
 from orbit_tasks.sender.client import PlatformClient
 from orbit_tasks.sender.relay import PassStats, Relay
+from orbit_tasks.sender.wakeup import RELAY_TASK
 from orbit_tasks.sender_limits import pass_limits
 from orbit_tasks.settings import get_settings
 
@@ -97,7 +98,7 @@ def tick() -> dict[str, object]:
 
 
 @app.task(
-    name="orbit.sender.relay",
+    name=RELAY_TASK,
     ignore_result=True,
     throws=(TransientError,),
     acks_late=True,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
+from orbit_tasks import counters
 from orbit_tasks.archive.engine import leftovers, runner, verify
 from orbit_tasks.archive.engine.volume import job_dir, write_job_file
 from orbit_tasks.archive.format import batch as ff
@@ -167,12 +168,53 @@ def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
         past = db_now(conn).replace(year=2000)
     assert job_store.claim(ae.engine, ns, job.id, 60, clock=FixedClock(past)) is not None
     reads.clear()
+    takeovers, stalls = _counted("takeovers", sid), _counted("stalls", sid)
     assert run() == "succeeded"  # a takeover: one listing for the prefix, one at the end
+    assert (_counted("takeovers", sid), _counted("stalls", sid)) == (takeovers + 1, stalls)
     done = ae.job(ns, job.id)
     assert listings == [str(job_dir(vol, ns, job.id))] * 2
     assert reads.count(file_names.tail_name(0, _manifest_sha(vol, done))) == 2  # prefix + final
     assert done.state is JobState.SUCCEEDED and done.attempts == done.batches + 2
     assert_succeeded_exactly(ae, done, vol)
+
+
+def _counted(what: str, storage: bytes) -> float:
+    """This process's value of ``orbit_archive_<what>_total{storage}`` (orbit_tasks/counters.py;
+    that counter alone: a collect of the whole registry would list /proc/self/fd)."""
+    counter = counters.ARCHIVE_TAKEOVERS if what == "takeovers" else counters.ARCHIVE_STALLS
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels == {"storage": storage.hex()}:
+                return sample.value
+    return 0.0
+
+
+def test_a_stalled_takeover_is_counted_as_a_takeover_and_a_stall(ae: ArchiveEnv) -> None:
+    from orbit_tasks.archive.store import jobs as job_store
+    from orbit_tasks.db.engine import FixedClock, db_now
+
+    ns, q = make_namespace(ae.engine, "stalled")
+    vol = ae.tmp / "vol"
+    sid = make_volume(ae.engine, vol)
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
+    seed(ae.engine, ns, q, "tasks", 20)
+    job = create_job(ae, ns, "tasks")
+
+    def run(**over: Any) -> str:
+        return runner.run_job(
+            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings.with_overrides(**over),
+            engine=ae.engine, publish=lambda *a, **k: None,
+        )  # fmt: skip
+
+    assert run(archive_slice_seconds=0) == "released"  # the manifest, one claim
+    with ae.engine.connect() as conn:
+        past = db_now(conn).replace(year=2000)
+    # a claim that dies at once (its lease ended in 2000): the next claim is a takeover
+    assert job_store.claim(ae.engine, ns, job.id, 60, clock=FixedClock(past)) is not None
+    takeovers, stalls = _counted("takeovers", sid), _counted("stalls", sid)
+    assert run(archive_max_stalls=1) == "failed"  # 3 claims, no batch: stalled
+    assert ae.job(ns, job.id).error_code == "STALLED"
+    assert (_counted("takeovers", sid), _counted("stalls", sid)) == (takeovers + 1, stalls + 1)
 
 
 def _manifest_sha(vol: Path, job: Any) -> str:

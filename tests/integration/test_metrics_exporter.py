@@ -106,6 +106,14 @@ def test_unserved_storages_until_a_pinned_worker_serves_one(
             assert value(s, "orbit_archive_confirmed_bytes", storage=a, kind="events") == (
                 done.bytes
             )
+            # Read from the jobs table (exact, survives restarts): roots, files, claims.
+            roots = value(s, "orbit_archive_confirmed_roots", storage=a, kind="events")
+            assert roots == done.roots and roots > 0
+            files = done.batches + (1 if done.has_manifest else 0)
+            assert value(s, "orbit_archive_confirmed_files", storage=a, kind="events") == files
+            assert files >= 2
+            assert value(s, "orbit_archive_claims", storage=a, kind="events") == done.attempts
+            assert value(s, "orbit_archive_confirmed_roots", storage=b, kind="audit") == 0
 
 
 def test_broker_stopped_then_killed_database_metrics_still_come(

@@ -118,7 +118,9 @@ def test_each_archive_worker_mounts_one_volume_and_consumes_only_its_queue() -> 
         volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
         assert len(volumes) == 1, name
         mounts = [v for v in service["volumes"] if v.split(":")[1] == volumes[0]]
-        assert len(mounts) == 1 and len(service["volumes"]) == 1, name
+        # its volume, plus the counters volume every worker shares with the exporter
+        others = [v for v in service["volumes"] if v not in mounts]
+        assert len(mounts) == 1 and others == ["counters:/app/var/counters"], name
         mounted.add(mounts[0].split(":")[0])
     assert mounted == {"archive-a", "archive-b"}
     migrate = _services()["migrate"]
@@ -144,8 +146,14 @@ def test_flower_has_auth_from_the_env_file_and_secrets_stay_scoped() -> None:
 def test_metrics_and_prometheus() -> None:
     services = _services()
     assert services["metrics"]["command"] == [
-        "metrics", "serve", "--host", "0.0.0.0", "--port", "9808",
+        "metrics", "serve", "--host", "0.0.0.0", "--port", "10108",
     ]  # fmt: skip
+    # The workers' counters: every worker writes them where the exporter sums them.
+    env = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["x-orbit-env"]
+    directory = env["PROMETHEUS_MULTIPROC_DIR"]
+    for name, service in _orbit_services().items():
+        if name == "metrics" or (service.get("command") or [""])[0] == "worker":
+            assert f"counters:{directory}" in service["volumes"], name
     prom = services["prometheus"]
     assert prom["image"].startswith("prom/prometheus")
     assert "./prometheus:/etc/prometheus:ro" in prom["volumes"]

@@ -79,7 +79,7 @@ def test_scrape_config_targets_the_exporter_and_loads_the_rules() -> None:
     assert doc["rule_files"] == ["alerts.yml"]
     (job,) = doc["scrape_configs"]
     assert job["job_name"] == "orbit"  # the job OrbitSourceDown watches with `up`
-    assert job["static_configs"] == [{"targets": ["metrics:9808"]}]
+    assert job["static_configs"] == [{"targets": ["metrics:10108"]}]  # the default port
     assert 'up{job="orbit"}' in ALERTS.read_text(encoding="utf-8")
 
 

@@ -189,3 +189,18 @@ def test_outbox_states_and_review_codes_with_zeros_and_ages() -> None:
 def test_consumers_count_workers_not_subscriptions() -> None:
     got = consumers_of({"w1": ["q1", "q1", "q2"], "w2": ["q1"], "w3": []})
     assert got == {"q1": 2, "q2": 1}
+
+
+def test_archived_roots_files_and_claims_per_storage_and_kind_with_zeros() -> None:
+    platform = _platform(
+        confirmed_roots={(A, "events"): 500},
+        confirmed_files={(A, "events"): 6},
+        claims={(A, "events"): 7},
+    )
+    m = _scrape(Snapshot(platform, None, None, False))
+    assert value(m, "orbit_archive_confirmed_roots", storage=A.hex(), kind="events") == 500
+    assert value(m, "orbit_archive_confirmed_files", storage=A.hex(), kind="events") == 6
+    assert value(m, "orbit_archive_claims", storage=A.hex(), kind="events") == 7
+    for name in ("orbit_archive_confirmed_roots", "orbit_archive_confirmed_files",
+                 "orbit_archive_claims"):  # fmt: skip
+        assert value(m, name, storage=B.hex(), kind="audit") == 0  # a pair with jobs: zero

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
-from orbit_tasks import failpoints
+from orbit_tasks import counters, failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.engine import leftovers, verify
@@ -169,6 +169,8 @@ def run_job(
                 attempts=c.job.attempts,
                 batches=c.job.batches,
             )
+            if c.takeover:
+                counters.ARCHIVE_TAKEOVERS.labels(job.storage_id.hex()).inc()
             failpoints.hit("archive.after_claim")
             ch = _Chain(
                 engine, conn, c, Path(volume), job_dir(Path(volume), ns_id, job_id), settings,
@@ -177,7 +179,10 @@ def run_job(
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
             ):
-                return _fail(ch, ErrorCode.STALLED)
+                failed = _fail(ch, ErrorCode.STALLED)
+                if failed is Outcome.FAILED:
+                    counters.ARCHIVE_STALLS.labels(job.storage_id.hex()).inc()
+                return failed
             return _run_chain(ch, publish)
     except Exception as exc:
         if is_transient_db(exc):
