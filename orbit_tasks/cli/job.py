@@ -11,22 +11,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import click
 
 from orbit_tasks.archive import claims
+from orbit_tasks.archive.engine.storage import JobFiles
 from orbit_tasks.archive.engine.verify import export_roots, verify_job_dir
-from orbit_tasks.archive.engine.volume import job_dir, read_identity
 from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import publish_wakeup
 from orbit_tasks.cli.common import SIZE, emit, emit_list, json_option
+from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.registry import platform_engine
-from orbit_tasks.errors import InvalidInput
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import resolve_namespace
@@ -240,14 +239,11 @@ def _wake(j: Job) -> None:
         log_action(log, "archive.job.wakeup_failed", logging.WARNING, error=type(exc).__name__)
 
 
-def _job_volume(j: Job, volume: Path) -> Path:
-    ident = read_identity(volume)
-    if ident.storage_id != j.storage_id:
-        raise InvalidInput(
-            f"--volume {volume} holds storage {ident.storage_id.hex()}, but job {j.id.hex()} "
-            f"belongs to storage {j.storage_id.hex()}"
-        )
-    return job_dir(ident.path, j.namespace_id, j.id)
+def _job_volume(j: Job, volume: str) -> JobFiles:
+    """The job's directory on ``--volume`` (a folder or s3://BUCKET/PREFIX)."""
+    with platform_engine().connect() as conn:
+        opened = open_place(conn, volume)
+    return opened.job(j)
 
 
 def _expectation(j: Job) -> ChainExpectation:
@@ -263,9 +259,9 @@ def _expectation(j: Job) -> ChainExpectation:
 @job_group.command("verify")
 @click.argument("ns")
 @click.argument("job")
-@click.option("--volume", required=True, type=click.Path(path_type=Path))
+@click.option("--volume", required=True, help="The job's volume, or s3://BUCKET/PREFIX.")
 @json_option
-def job_verify(ns: str, job: str, volume: Path, as_json: bool) -> None:
+def job_verify(ns: str, job: str, volume: str, as_json: bool) -> None:
     """Full chain check of a job's files against its row; exit 1 names the first bad file."""
     _, j = _load(ns, job)
     directory = _job_volume(j, volume)
@@ -295,8 +291,8 @@ def job_verify(ns: str, job: str, volume: Path, as_json: bool) -> None:
 @job_group.command("export")
 @click.argument("ns")
 @click.argument("job")
-@click.option("--volume", required=True, type=click.Path(path_type=Path))
-def job_export(ns: str, job: str, volume: Path) -> None:
+@click.option("--volume", required=True, help="The job's volume, or s3://BUCKET/PREFIX.")
+def job_export(ns: str, job: str, volume: str) -> None:
     """Decoded roots with their children as JSON lines (the chain is verified first)."""
     _, j = _load(ns, job)
     directory = _job_volume(j, volume)

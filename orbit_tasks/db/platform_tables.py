@@ -241,6 +241,26 @@ archive_storages = Table(
     **MYSQL_TABLE,
 )
 
+# Revision p0003 (issue 18): where an S3 storage lives (not a secret; no credentials).
+archive_object_storages = Table(
+    "orbit_archive_object_storages",
+    metadata,
+    Column("storage_id", Id16(), nullable=False, comment="the storage of orbit_archive_storages"),
+    Column("bucket", Str(63), nullable=False),
+    Column("prefix", Str(512), nullable=False, server_default=text("''")),
+    Column("endpoint", Str(255), nullable=False, server_default=text("''")),
+    Column("region", Str(64), nullable=False, server_default=text("''")),
+    Column("path_style", Bool(), nullable=False, server_default=false()),
+    Column("storage_class", Str(32), nullable=False, server_default=text("''")),
+    Column("sse", Str(16), nullable=False, server_default=text("''")),
+    Column("kms_key_id", Str(255), nullable=False, server_default=text("''")),
+    Column("created_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("storage_id"),
+    Index("ix_archive_object_storage_bucket", "bucket"),
+    comment="S3 locations of archive storages: bucket, prefix, endpoint and write options",
+    **MYSQL_TABLE,
+)
+
 archive_policies = Table(
     "orbit_archive_policies",
     metadata,

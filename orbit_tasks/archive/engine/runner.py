@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
@@ -39,16 +36,11 @@ from orbit_tasks import failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.engine import leftovers, verify
+from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
-from orbit_tasks.archive.engine.volume import (
-    IDENTITY_FILE,
-    ArchiveIOError,
-    DiskFull,
-    StoredFile,
-    job_dir,
-    read_identity,
-    store_job_file,
-)
+from orbit_tasks.archive.engine.storage import JobFiles, Place, Storage, open_storage
+from orbit_tasks.archive.engine.storage import parse_volumes as parse_volumes
+from orbit_tasks.archive.engine.volume import ArchiveIOError, DiskFull, StoredFile
 from orbit_tasks.archive.format import manifest as fm
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.format import values as fv
@@ -95,19 +87,6 @@ class Outcome(enum.StrEnum):
 CHAIN_LINES = "ends"
 
 
-def parse_volumes(raw: str | None) -> dict[str, Path]:
-    """``ORBIT_ARCHIVE_VOLUMES`` = JSON object ``{storage_hex: absolute_path}``."""
-    if not raw:
-        return {}
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        raise InvalidInput("ORBIT_ARCHIVE_VOLUMES is not a JSON object") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("ORBIT_ARCHIVE_VOLUMES is not a JSON object")
-    return {from_hex(str(k), "storage id").hex(): Path(str(v)) for k, v in doc.items()}
-
-
 @dataclass
 class _Chain:
     """What a claim chain carries from one claim to the next (never re-read)."""
@@ -115,21 +94,21 @@ class _Chain:
     engine: Engine
     conn: Connection  # the chain's one connection for its claims and confirms
     claim: store.Claim
-    volume: Path
-    directory: Path
+    volume: Storage  # a folder or an S3 prefix (engine/storage.py)
+    directory: JobFiles
     settings: Settings
     clock: Clock
     deadline: float  # monotonic end of the time slice
     rng: ArchiveRange | None = None  # derived once per chain
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
-    identity_stamp: tuple[int, int, int, int] | None = None  # stat of the verified identity
+    identity_stamp: object = None  # the verified identity's stamp (a stat, an ETag)
 
 
 def run_job(
     ns_hex: str,
     job_hex: str,
-    volumes: Mapping[str, Path],
+    volumes: Mapping[str, Place],
     settings: Settings,
     *,
     engine: Engine | None = None,
@@ -170,9 +149,10 @@ def run_job(
                 batches=c.job.batches,
             )
             failpoints.hit("archive.after_claim")
+            storage = _open(volume, settings)
             ch = _Chain(
-                engine, conn, c, Path(volume), job_dir(Path(volume), ns_id, job_id), settings,
-                clock, time.monotonic() + settings.archive_slice_seconds,
+                engine, conn, c, storage, storage.job(ns_id, job_id), settings, clock,
+                time.monotonic() + settings.archive_slice_seconds,
             )  # fmt: skip
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
@@ -180,6 +160,12 @@ def run_job(
                 return _fail(ch, ErrorCode.STALLED)
             return _run_chain(ch, publish)
     except Exception as exc:
+        if isinstance(exc, StorageUnavailable):  # retried for a third of the lease: stop
+            log_action(
+                log, "archive.job.storage_unavailable", logging.WARNING, namespace_id=ns_hex,
+                job_id=job_hex, error=str(exc),
+            )  # fmt: skip
+            return Outcome.TRANSIENT
         if is_transient_db(exc):
             log_action(
                 log, "archive.job.transient", logging.WARNING, namespace_id=ns_hex,
@@ -254,7 +240,7 @@ def _claims(ch: _Chain) -> Outcome:
             sha = fv.sha256_hex(data)
             manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
-            stored = store_job_file(ch.directory, manifest.name, manifest.data)
+            stored = ch.directory.store(manifest.name, manifest.data)
             _written(ch, manifest)
             outcome = _confirm(ch, manifest, stored, None)
             if outcome is not Outcome.CHAINED:
@@ -266,6 +252,10 @@ def _claims(ch: _Chain) -> Outcome:
         raise JobFailure(ErrorCode.SOURCE_INVALID) from None
     except DiskFull:
         raise JobFailure(ErrorCode.DISK_FULL) from None
+    except StorageDenied:
+        raise JobFailure(ErrorCode.ACCESS_DENIED) from None
+    except NoSuchBucket:
+        raise JobFailure(ErrorCode.NO_SUCH_BUCKET) from None
     except ArchiveIOError:
         raise JobFailure(ErrorCode.IO_ERROR) from None
 
@@ -313,7 +303,7 @@ def _batches(ch: _Chain) -> Outcome:
             assert (current.seq, current.prev_sha256) == (job.batches + 1, job.last_sha256)
             if writing is None:  # not written ahead: step 1, budget and the write now
                 _refuse(_admit(ch, current, job.bytes))
-                writing = writer.submit(store_job_file, ch.directory, current.name, current.data)
+                writing = writer.submit(ch.directory.store, current.name, current.data)
             stored = writing.result()
             _written(ch, current)
             writing, upcoming = None, NOT_READY
@@ -323,7 +313,7 @@ def _batches(ch: _Chain) -> Outcome:
                     follow = _batch_file(upcoming)
                     if _admit(ch, follow, job.bytes + len(current.data)) is None:
                         writing = writer.submit(
-                            store_job_file, ch.directory, follow.name, follow.data
+                            ch.directory.store, follow.name, follow.data
                         )  # else: refused again, after this confirm, in the next round
             outcome = _confirm(ch, current, stored, writing)
             if outcome is not Outcome.CHAINED:
@@ -333,18 +323,18 @@ def _batches(ch: _Chain) -> Outcome:
 def _check_volume(ch: _Chain) -> None:
     """Step 1: the mounted volume is the job's storage (checked on every claim: a disk swapped
     under a running worker is caught before anything is written). The identity file is read
-    again whenever its ``stat`` changes (another disk mounted there has another device and
-    inode; a rewritten file another inode or mtime); a claim whose ``stat`` matches the one
-    already verified in this chain costs one ``stat``."""
+    again whenever its stamp changes (a folder's ``stat``: another disk mounted there has
+    another device and inode; a rewritten file another inode or mtime; an object's ETag); a
+    claim whose stamp matches the one already verified in this chain costs one ``stat`` (one
+    GET of the identity object on S3)."""
     try:
-        st = os.stat(ch.volume / IDENTITY_FILE)
+        stamp = ch.volume.identity_stamp()
     except OSError:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
-    stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if stamp == ch.identity_stamp:
         return
     try:
-        ident = read_identity(ch.volume)
+        ident = ch.volume.identity()
     except InvalidInput:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
     if ident.storage_id != ch.claim.job.storage_id:
@@ -518,10 +508,15 @@ def _finish(ch: _Chain) -> Outcome:
     return Outcome.SUCCEEDED
 
 
+def _open(volume: Place, settings: Settings) -> Storage:
+    """The job's storage; an S3 request is retried for at most a third of the lease."""
+    return open_storage(volume, retry_seconds=settings.archive_lease_seconds / 3)
+
+
 def _loop(
     engine: Engine,
     c: store.Claim,
-    volume: Path,
+    volume: Place,
     settings: Settings,
     publish: Publisher | None,
     clock: Clock = DB_CLOCK,
@@ -529,8 +524,9 @@ def _loop(
     """Run the claim chain of an existing claim ``c`` (tests: a claim taken elsewhere)."""
     with engine.connect() as conn:
         conn = single_statements(conn)
+        storage = _open(volume, settings)
         ch = _Chain(
-            engine, conn, c, volume, job_dir(volume, c.job.namespace_id, c.job.id), settings,
+            engine, conn, c, storage, storage.job(c.job.namespace_id, c.job.id), settings,
             clock, time.monotonic() + settings.archive_slice_seconds,
         )  # fmt: skip
         return _run_chain(ch, publish)
