@@ -155,9 +155,7 @@ def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
     listings: list[str] = []
     reads: list[str] = []
     real_listdir, real_read = os.listdir, volume.read_file
-    monkeypatch.setattr(
-        volume.os, "listdir", lambda p: listings.append(str(p)) or real_listdir(p)
-    )
+    monkeypatch.setattr(volume.os, "listdir", lambda p: listings.append(str(p)) or real_listdir(p))
     monkeypatch.setattr(
         volume, "read_file", lambda p: reads.append(Path(p).name) or real_read(Path(p))
     )

@@ -320,7 +320,7 @@ class _Client:
                     pause = backoff(attempt, rnd=random.random())
                     if time.monotonic() + pause >= deadline:
                         log_action(
-                            log, "archive.storage.unavailable", logging.WARNING, op=op,
+                            log, "archive.storage.unavailable", op=op,
                             target=what, code=error_code(exc), attempts=attempt + 1,
                         )  # fmt: skip
                         raise StorageUnavailable(
