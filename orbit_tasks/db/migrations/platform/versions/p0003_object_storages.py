@@ -1,10 +1,10 @@
 """S3 locations of archive storages (issue 18): ``orbit_archive_object_storages``.
 
 Builds its table from its own frozen copy (``p0003_tables.py``). Adds a table only: a database
-at p0001 upgrades without touching its rows, and workers of the previous release ignore it.
+at p0002 upgrades without touching its rows, and workers of the previous release ignore it.
 
 Revision ID: p0003
-Revises: p0001
+Revises: p0002
 """
 
 from alembic import op
@@ -13,9 +13,7 @@ from orbit_tasks.db.migrations.frozen_0001 import create_statements
 from orbit_tasks.db.migrations.platform.p0003_tables import metadata
 
 revision = "p0003"
-# TODO(integration): p0002 once the `controls` branch's revision lands (it is written against
-# p0001 meanwhile so that this branch migrates on its own).
-down_revision = "p0001"
+down_revision = "p0002"
 branch_labels = None
 depends_on = None
 
