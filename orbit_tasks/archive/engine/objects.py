@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
+from orbit_tasks import failpoints
 from orbit_tasks.archive.engine.volume import (
     IDENTITY_FILE,
     ArchiveIOError,
@@ -473,6 +474,8 @@ def put_if_absent(client: _Client, key: str, what: str, data: bytes) -> bool:
     checksum = _checksum(data)
     extra = _put_args(loc)
     tries = 0
+
+    failpoints.hit("objects.before_put")
 
     def put(c: Any) -> None:
         nonlocal tries
