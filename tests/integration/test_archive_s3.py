@@ -427,6 +427,9 @@ def test_bad_input_is_one_line_and_writes_nothing(
     wrong = run_orbit([*moto.init_args(f"s3://{bucket}/p", f"http://127.0.0.1:{free_port()}")], env)
     assert_one_line_error(wrong, 1, "did not answer")
     assert moto.keys(bucket) == []  # nothing written by any of them
+    unknown = f"s3://{bucket}/not-registered"
+    worker = run_orbit(["worker", "archive", "--volume", unknown, "--print-command"], env)
+    assert_one_line_error(worker, 4, "not a storage registered in this platform database")
     with ae.engine.connect() as conn:
         assert (
             conn.execute(text("SELECT COUNT(*) FROM orbit_archive_object_storages")).scalar() == 0
