@@ -257,13 +257,26 @@ def _create_s3(storage: S3Storage, loc: S3Location, storage_id: bytes, label: st
 @storage_group.command("list")
 @json_option
 def storage_list(as_json: bool) -> None:
-    """List registered storages (id, label, created_at)."""
+    """List registered storages (id, label, created_at, and an S3 storage's location)."""
     with platform_engine().begin() as conn:
         rows = [
-            {"id": s["storage_id"], "label": s["label"], "created_at": iso_utc(s["created_at"])}
+            {
+                "id": s["storage_id"],
+                "label": s["label"],
+                "created_at": iso_utc(s["created_at"]),
+                "location": _location(s),
+            }  # fmt: skip
             for s in store.list_storages(conn)
         ]
-    emit_list(rows, as_json, ["id", "label", "created_at"])
+    emit_list(rows, as_json, ["id", "label", "created_at", "location"])
+
+
+def _location(s: dict[str, object]) -> str:
+    """``s3://bucket/prefix`` (and `` at ENDPOINT``) of an S3 storage; "" for a folder."""
+    if s["bucket"] is None:
+        return ""
+    url = S3Location(str(s["bucket"]), str(s["prefix"])).url
+    return f"{url} at {s['endpoint']}" if s["endpoint"] else url
 
 
 def register(cli: click.Group) -> None:

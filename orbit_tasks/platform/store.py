@@ -162,9 +162,23 @@ def storage_exists(conn: Connection, storage_id: bytes) -> bool:
 
 
 def list_storages(conn: Connection) -> list[dict[str, Any]]:
-    rows = conn.execute(select(archive_storages).order_by(archive_storages.c.created_at)).all()
+    """Every storage, oldest first; an S3 storage with its ``bucket``, ``prefix`` and
+    ``endpoint`` (``None`` for a folder, whose path the database does not record)."""
+    s, o = archive_storages, archive_object_storages
+    rows = conn.execute(
+        select(s, o.c.bucket, o.c.prefix, o.c.endpoint)
+        .select_from(s.outerjoin(o, o.c.storage_id == s.c.storage_id))
+        .order_by(s.c.created_at)
+    ).all()
     return [
-        {"storage_id": r.storage_id.hex(), "label": r.label, "created_at": r.created_at}
+        {
+            "storage_id": r.storage_id.hex(),
+            "label": r.label,
+            "created_at": r.created_at,
+            "bucket": r.bucket,
+            "prefix": r.prefix,
+            "endpoint": r.endpoint,
+        }  # fmt: skip
         for r in rows
     ]
 

@@ -436,6 +436,10 @@ def test_bad_input_is_one_line_and_writes_nothing(
         )
     # a storage of this database, then a second init of it from another platform database
     sid, _ = _init(ae, moto, f"s3://{bucket}/p")
+    listed = json.loads(run_orbit(["storage", "list", "--json"], env).stdout)["items"]
+    assert [s["location"] for s in listed if s["id"] == sid.hex()] == [
+        f"s3://{bucket}/p at {moto.endpoint}"
+    ]
     with (
         mariadb_database("orbit_s3other") as other_url,
         migrated_engine(other_url, "platform") as other,
