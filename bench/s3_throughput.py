@@ -80,7 +80,7 @@ def main() -> None:
         moto.bucket("orbit-bench")
         places = {
             "folder": (str(tmp / "vol"), init(str(tmp / "vol"))),
-            "s3": ("s3://orbit-bench/bench", init(*moto.init_args("s3://orbit-bench/bench"))),
+            "s3": ("s3://orbit-bench/bench", init(*moto.init_args("s3://orbit-bench/bench")[2:])),
         }
         with engine.begin() as conn:
             ns = store.create_namespace(conn, "bench")
