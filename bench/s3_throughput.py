@@ -100,10 +100,12 @@ def main() -> None:
                     now=db_now(conn), actor="bench",
                 )  # fmt: skip
                 conn.execute(update(archive_plans).values(next_run_at=db_now(conn)))
-            result[label] = _run(engine, settings, env, orbit, place, sid, ns, tmp, label)
-        result["s3_over_folder"] = round(
-            result["s3"]["roots_per_s"] / result["folder"]["roots_per_s"], 2
-        )
+            for key, value in _run(
+                engine, settings, env, orbit, place, sid, ns, tmp, label
+            ).items():
+                result[f"{label}_{key}"] = value
+        result["s3_over_folder"] = round(result["s3_roots_per_s"] / result["folder_roots_per_s"], 2)
+        result["s3_server"] = "moto (python -m moto.server, in memory) on 127.0.0.1"
         result["measured_at_unix"] = int(time.time())
         (ROOT / "bench" / "s3_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
         print(f"bench: s3_throughput {result}", flush=True)
