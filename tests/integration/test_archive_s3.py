@@ -222,7 +222,7 @@ def _is_stopped(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_stale_writer_past_its_lease_has_its_object_removed(
+def test_stale_writer_past_its_lease_leaves_exactly_the_chain(
     s3ae: ArchiveEnv, moto: MotoServer
 ) -> None:
     ae = s3ae
