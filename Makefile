@@ -48,4 +48,5 @@ compose-check:
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)
 	COMPOSE_PROFILES=mysql docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
 	COMPOSE_PROFILES=mariadb docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
+	COMPOSE_PROFILES=mysql,s3 docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
 	@echo "compose: valid"

@@ -27,6 +27,7 @@ SCRIPTS = [
     "restore_throughput",
     "metrics_scrape",
     "tick_scaling",
+    "s3_throughput",
 ]
 
 

@@ -25,7 +25,8 @@ of outbox rows claimed, not committed); the retention's ``sender.prune.before_co
 of outbox rows deleted and their compact records inserted, not committed).
 Durable writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and
 synced), ``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced
-removal has renamed the name aside). ``orbit storage init``: ``storage.init.before_commit``
+removal has renamed the name aside). S3 storages: ``objects.before_put`` (a conditional PUT is
+about to be sent). ``orbit storage init``: ``storage.init.before_commit``
 (identity file durable, registry row not committed).
 """
 

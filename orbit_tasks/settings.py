@@ -61,6 +61,10 @@ class Settings:
     # (docs/sender.md "Delivery right after commit"): on/off, and the bound of that publish.
     sender_wake_on_commit: bool = True
     sender_wake_timeout_seconds: float = 0.5
+    # Issue 16 (docs/archive-controls.md): the load guard (None = off) and who changes controls.
+    archive_max_threads_running: int | None = None
+    # The archive controls on the hot path; off only in the bench's baseline (never from env).
+    archive_controls: bool = True
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -179,6 +183,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sender_wake_on_commit=_switch(env, "ORBIT_SENDER_WAKE_ON_COMMIT", True),
         sender_wake_timeout_seconds=_float(
             env, "ORBIT_SENDER_WAKE_TIMEOUT_SECONDS", 0.5, 0.05, 5.0
+        ),
+        archive_max_threads_running=(
+            None
+            if not env.get("ORBIT_ARCHIVE_MAX_THREADS_RUNNING")
+            else _int(env, "ORBIT_ARCHIVE_MAX_THREADS_RUNNING", 0, 0, 100000)
         ),
     )
 

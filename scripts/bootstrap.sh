@@ -3,7 +3,8 @@
 # chromium (headless, for the test that renders Flower's workers page), jq (the hand-verification
 # script of docs/archive-format.md is run by a test), docker-compose (`config` checks compose/)
 # and prometheus (`promtool check|test rules` on compose/prometheus/), a virtualenv in .venv,
-# and the project with its dev extras. Idempotent and quiet when done.
+# and the project with its dev extras (boto3 for S3 storages; moto[server], the tests' S3 server).
+# Idempotent and quiet when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,6 @@ fi
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
   .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v -i warning || true
-  .venv/bin/python -c "import orbit_tasks, MySQLdb, celery, sqlalchemy, alembic" 
+  .venv/bin/python -c "import orbit_tasks, MySQLdb, celery, sqlalchemy, alembic, boto3, moto.server"
   touch "$stamp"
 fi

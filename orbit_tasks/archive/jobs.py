@@ -42,6 +42,8 @@ class ErrorCode(enum.StrEnum):
     ROOT_TOO_LARGE = "ROOT_TOO_LARGE"
     POLICY_MISSING = "POLICY_MISSING"
     STALLED = "STALLED"
+    ACCESS_DENIED = "ACCESS_DENIED"  # the object store refused (or no credentials), issue 18
+    NO_SUCH_BUCKET = "NO_SUCH_BUCKET"  # the object storage's bucket does not exist, issue 18
 
 
 class JobFailure(Exception):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,7 +21,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
-from orbit_tasks.archive.engine.volume import read_identity
+from orbit_tasks.archive.engine.storage import Storage
 from orbit_tasks.archive.format.values import format_ts
 from orbit_tasks.archive.restore import run as engine_restore
 from orbit_tasks.archive.restore import store as restore_store
@@ -37,6 +36,7 @@ from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.archive import archive_group
 from orbit_tasks.cli.common import json_option
 from orbit_tasks.cli.job import job_group
+from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.error_lines import describe_operational_error
@@ -96,11 +96,11 @@ def _into_options(fn: Any) -> Any:
 @click.command("restore")
 @click.argument("ns")
 @click.argument("job")
-@click.option("--volume", required=True, type=click.Path(path_type=Path), help="Job's volume.")
+@click.option("--volume", required=True, help="Job's volume, or s3://BUCKET/PREFIX.")
 @_into_options
 @json_option
 def job_restore(
-    ns: str, job: str, volume: Path, into: str, into_source: bool, as_json: bool
+    ns: str, job: str, volume: str, into: str, into_source: bool, as_json: bool
 ) -> None:
     """Verify a SUCCEEDED job's chain, then write its rows into the tables of --into."""
     check_target_url(into)
@@ -123,8 +123,7 @@ def job_restore(
     "volumes",
     multiple=True,
     required=True,
-    type=click.Path(path_type=Path),
-    help="A volume holding jobs of the window (repeat for jobs on several storages).",
+    help="A volume or s3://BUCKET/PREFIX holding jobs of the window (repeatable).",
 )
 @_into_options
 @click.option("--from", "from_", type=TIMESTAMP, default=None, help="Settled at or after (UTC).")
@@ -138,7 +137,7 @@ def job_restore(
 def archive_restore(
     ns: str,
     kind: str,
-    volumes: tuple[Path, ...],
+    volumes: tuple[str, ...],
     into: str,
     into_source: bool,
     from_: datetime | None,
@@ -207,12 +206,13 @@ def _window_text(window: Window) -> str:
     return _span_text(window.from_, window.until)
 
 
-def _volumes(paths: Any) -> dict[bytes, Path]:
-    """storage id -> volume root, from each volume's identity file (exit 2 when unreadable)."""
-    out: dict[bytes, Path] = {}
-    for path in paths:
-        ident = read_identity(path)
-        out.setdefault(ident.storage_id, ident.path)
+def _volumes(paths: Any) -> dict[bytes, Storage]:
+    """storage id -> storage, from each volume's identity (exit 2 when unreadable)."""
+    out: dict[bytes, Storage] = {}
+    with platform_engine().connect() as conn:
+        for path in paths:
+            opened = open_place(conn, path)
+            out.setdefault(opened.identity.storage_id, opened.storage)
     return out
 
 

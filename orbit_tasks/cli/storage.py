@@ -16,19 +16,38 @@ path that already holds an identity the command does not create a new one:
 
 A volume may not lie inside another volume (a parent directory holding an identity): exit 3,
 because job directories of the two would overlap.
+
+``storage init s3://BUCKET/PREFIX`` (issue 18, docs/decisions.md "S3 storages") does the same on
+object storage: the registry row and the storage's location (endpoint, region, addressing
+style, storage class, SSE; never a credential) are inserted, the identity object
+``PREFIX/.orbit-volume.json`` is created with ``If-None-Match: *``, then the transaction
+commits. An identity object that is there already is this database's storage (printed, exit
+0), or refused (exit 3) -- another database's storage, or one whose registration was lost:
+``--adopt`` registers it here on purpose. An identity under a parent prefix: exit 3.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 from sqlalchemy.exc import DBAPIError
 
 from orbit_tasks import failpoints
+from orbit_tasks.archive.engine.objects import (
+    SSE_MODES,
+    STORAGE_CLASSES,
+    S3Location,
+    S3Storage,
+    check_options,
+    is_s3_url,
+    parse_s3_url,
+)
 from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
 from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.places import COMMAND_RETRY_SECONDS, refuse_s3_options
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.error_lines import describe_database_error
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
@@ -85,14 +104,52 @@ def _create_volume(root: Path, storage_id: bytes, label: str) -> None:
 
 
 @storage_group.command("init")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path")
 @click.option("--label", default=None, help=f"Human label (0..{MAX_LABEL} characters).")
+@click.option("--endpoint", default="", help="s3://: the S3 endpoint URL (MinIO, Ceph, ...).")
+@click.option("--region", default="", help="s3://: the bucket's region.")
+@click.option("--path-style", is_flag=True, help="s3://: path-style addressing (MinIO).")
+@click.option(
+    "--storage-class",
+    default="",
+    help=f"s3://: the storage class of the objects ({', '.join(STORAGE_CLASSES)}).",
+)
+@click.option(
+    "--sse", default="", help=f"s3://: server-side encryption ({', '.join(SSE_MODES[1:])})."
+)
+@click.option("--kms-key-id", default="", help="s3://: the KMS key of --sse aws:kms.")
+@click.option("--adopt", is_flag=True, help="s3://: register an existing identity object here.")
 @json_option
-def storage_init(path: Path, label: str | None, as_json: bool) -> None:
-    """Make PATH an archive volume: write its identity file and register it. Prints the id."""
+def storage_init(
+    path: str,
+    label: str | None,
+    endpoint: str,
+    region: str,
+    path_style: bool,
+    storage_class: str,
+    sse: str,
+    kms_key_id: str,
+    adopt: bool,
+    as_json: bool,
+) -> None:
+    """Make PATH (a folder or s3://BUCKET/PREFIX) an archive storage: write its identity and
+    register it. Prints the id."""
     if label is not None and len(label) > MAX_LABEL:
         raise InvalidInput(f"--label is {len(label)} characters long (allowed 0..{MAX_LABEL})")
-    root = path.resolve()
+    refuse_s3_options(
+        path, endpoint=endpoint, region=region, path_style=path_style,
+        storage_class=storage_class, sse=sse, kms_key_id=kms_key_id, adopt=adopt,
+    )  # fmt: skip
+    if is_s3_url(path):
+        bucket, prefix = parse_s3_url(path)
+        loc = S3Location(
+            bucket, prefix, endpoint.rstrip("/"), region, path_style, storage_class, sse,
+            kms_key_id,
+        )  # fmt: skip
+        check_options(loc)
+        _init_s3(loc, label, adopt, as_json)
+        return
+    root = Path(path).resolve()
     _check_place(root)
     outer = _enclosing_volume(root)
     if outer is not None:
@@ -128,16 +185,98 @@ def storage_init(path: Path, label: str | None, as_json: bool) -> None:
     emit(data, as_json, storage_id.hex())
 
 
+def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> None:
+    storage = S3Storage(loc, retry_seconds=COMMAND_RETRY_SECONDS)
+    url = loc.url
+    parts = loc.prefix.split("/") if loc.prefix else []
+    for depth in range(len(parts)):  # the bucket's root and every parent prefix
+        parent = "/".join(parts[:depth])
+        if storage.has_identity(parent):
+            outer = f"s3://{loc.bucket}/{parent}" if parent else f"s3://{loc.bucket}"
+            raise ConflictError(
+                f"{url} lies inside the archive storage {outer}; storages cannot nest"
+            )
+    try:
+        ident = storage.identity()
+    except InvalidInput as exc:
+        if "no " + IDENTITY_FILE not in str(exc):
+            raise  # unreadable or foreign: exit 2
+        ident = None
+    if ident is not None:
+        if label is not None and label != ident.label:
+            raise ConflictError(
+                f"{url} already holds storage {ident.storage_id.hex()} labelled "
+                f"{ident.label!r}, not {label!r}; refusing to create another identity"
+            )
+        with platform_engine().begin() as conn:
+            registered = store.storage_exists(conn, ident.storage_id)
+            if not registered and not adopt:
+                raise ConflictError(
+                    f"{url} already holds storage {ident.storage_id.hex()}, which is not "
+                    "registered in this platform database (another database's storage?); "
+                    "--adopt registers it here"
+                )
+            if not registered:
+                store.register_storage(conn, ident.storage_id, ident.label)
+            store.register_object_location(conn, ident.storage_id, asdict(loc))
+        storage_id, final_label = ident.storage_id, ident.label
+        status = "existing" if registered else "registered"
+    else:
+        storage_id, final_label = new_id(), label or ""
+        _create_s3(storage, loc, storage_id, final_label)
+        status = "created"
+    if status != "created" and not as_json:
+        click.echo(f"{url} already holds storage {storage_id.hex()} ({status})", err=True)
+    data = {"id": storage_id.hex(), "label": final_label, "path": url, "status": status}
+    emit(data, as_json, storage_id.hex())
+
+
+def _create_s3(storage: S3Storage, loc: S3Location, storage_id: bytes, label: str) -> None:
+    """Registry rows (uncommitted), identity object (only if absent), commit."""
+    with platform_engine().connect() as conn:
+        trans = conn.begin()
+        try:
+            store.register_storage(conn, storage_id, label)
+            store.register_object_location(conn, storage_id, asdict(loc))
+            storage.create_identity(storage_id, label)  # another's identity won: exit 3
+            failpoints.hit("storage.init.before_commit")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                trans.rollback()
+            raise
+        try:
+            trans.commit()
+        except DBAPIError as exc:
+            raise OrbitError(
+                f"{loc.url}: the identity object of storage {storage_id.hex()} is written, but "
+                f"the database did not confirm its registration ({describe_database_error(exc)}); "
+                f"run `orbit storage init {loc.url} --adopt` with the same options to register it"
+            ) from None
+
+
 @storage_group.command("list")
 @json_option
 def storage_list(as_json: bool) -> None:
-    """List registered storages (id, label, created_at)."""
+    """List registered storages (id, label, created_at, and an S3 storage's location)."""
     with platform_engine().begin() as conn:
         rows = [
-            {"id": s["storage_id"], "label": s["label"], "created_at": iso_utc(s["created_at"])}
+            {
+                "id": s["storage_id"],
+                "label": s["label"],
+                "created_at": iso_utc(s["created_at"]),
+                "location": _location(s),
+            }  # fmt: skip
             for s in store.list_storages(conn)
         ]
-    emit_list(rows, as_json, ["id", "label", "created_at"])
+    emit_list(rows, as_json, ["id", "label", "created_at", "location"])
+
+
+def _location(s: dict[str, object]) -> str:
+    """``s3://bucket/prefix`` (and `` at ENDPOINT``) of an S3 storage; "" for a folder."""
+    if s["bucket"] is None:
+        return ""
+    url = S3Location(str(s["bucket"]), str(s["prefix"])).url
+    return f"{url} at {s['endpoint']}" if s["endpoint"] else url
 
 
 def register(cli: click.Group) -> None:

@@ -4,7 +4,9 @@ Every worker gets an explicit queue list (``-Q``), fair scheduling and prefetch 
 ``worker archive`` first reads and verifies each volume's identity file (exit 2 when it is missing
 or unreadable, exit 3 when two paths hold the same storage) and that its storage is registered in
 the platform database (exit 4), then passes the mounted volumes to the worker processes in
-``ORBIT_ARCHIVE_VOLUMES`` and replaces itself with ``celery worker`` (``os.execve``).
+``ORBIT_ARCHIVE_VOLUMES`` and replaces itself with ``celery worker`` (``os.execve``). A volume
+may be ``s3://BUCKET/PREFIX``: its location comes from the registry and its identity object is
+read and verified the same way (issue 18); folders and S3 storages mix.
 
 Every process first checks the schema of the database its tasks use (SPEC §12, docs/schema.md)
 and refuses to start, in one line naming the table and the command that fixes it, when a table is
@@ -13,7 +15,6 @@ missing or differs or the revision is not head.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -22,8 +23,10 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive.engine.volume import read_identity
+from orbit_tasks.archive.engine.objects import S3Location
+from orbit_tasks.archive.engine.storage import volumes_env
 from orbit_tasks.cli.common import emit
+from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.registry import business_engine, platform_engine
 from orbit_tasks.db.schema_check import Chain, require_schema
 from orbit_tasks.errors import ConflictError, NotFound
@@ -129,13 +132,12 @@ def worker_group() -> None:
     "volumes",
     multiple=True,
     required=True,
-    type=click.Path(path_type=Path),
-    help="A mounted archive volume (repeatable).",
+    help="A mounted archive volume or s3://BUCKET/PREFIX (repeatable).",
 )
 @click.option("--no-control", is_flag=True, help=f"Do not consume {CONTROL_QUEUE}.")
 @common_options
 def worker_archive(
-    volumes: tuple[Path, ...],
+    volumes: tuple[str, ...],
     no_control: bool,
     concurrency: int,
     name: str | None,
@@ -147,25 +149,26 @@ def worker_archive(
     """Consume the queues of the given volumes (and orbit.control unless --no-control)."""
     env = dict(os.environ)
     _require_schemas(env, "platform")
-    mounted: dict[str, str] = {}
+    mounted: dict[str, Path | S3Location] = {}
+    given: dict[str, str] = {}
     with platform_engine().connect() as conn:
         for path in volumes:
-            ident = read_identity(path)  # InvalidInput (exit 2) when missing or unreadable
-            hex_id = ident.storage_id.hex()
+            opened = open_place(conn, path)  # InvalidInput (exit 2) when missing or unreadable
+            hex_id = opened.identity.storage_id.hex()
             if hex_id in mounted:
                 raise ConflictError(
-                    f"--volume {path} holds storage {hex_id}, already given as {mounted[hex_id]}"
+                    f"--volume {path} holds storage {hex_id}, already given as {given[hex_id]}"
                 )
-            if not store.storage_exists(conn, ident.storage_id):
+            if not store.storage_exists(conn, opened.identity.storage_id):
                 raise NotFound(
                     f"--volume {path}: storage {hex_id} is not registered in this platform "
                     "database (run 'orbit storage init PATH' to register it)"
                 )
-            mounted[hex_id] = str(ident.path)
+            mounted[hex_id], given[hex_id] = opened.place, opened.where
     queues = [queue_name(bytes.fromhex(h)) for h in mounted]
     if not no_control:
         queues.append(CONTROL_QUEUE)
-    env[VOLUMES_ENV] = json.dumps(mounted, sort_keys=True)
+    env[VOLUMES_ENV] = volumes_env(mounted)
     argv = _worker_argv(queues, concurrency, _node(name, "archive"), pool, loglevel, celery_args)
     _exec(argv, env, print_command)
 

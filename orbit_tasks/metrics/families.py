@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from orbit_tasks.archive.controls import WaitReason
 from orbit_tasks.archive.jobs import ErrorCode, JobState
 from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE, queue_name
 from orbit_tasks.sender import policy
@@ -49,6 +50,7 @@ EXTRA_METRICS = (
     "orbit_archive_confirmed_roots",
     "orbit_archive_confirmed_files",
     "orbit_archive_claims",
+    "orbit_archive_jobs_waiting",
 )
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
 
@@ -69,6 +71,8 @@ class PlatformReading:
     confirmed_roots: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
     confirmed_files: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
     claims: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
+    # (storage, reason) -> PENDING jobs with an open wait (issue 16, docs/archive-controls.md)
+    waiting: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,16 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
         for storage in p.storages:
             fam.add_metric([storage.hex()], value(storage))
         yield fam
+    waiting = GaugeMetricFamily(
+        "orbit_archive_jobs_waiting",
+        "PENDING archive jobs waiting for a control or the load guard, by reason",
+        labels=["storage", "reason"],
+    )
+    for storage in p.storages:
+        for reason in WaitReason:
+            n = p.waiting.get((storage, reason.value), 0)
+            waiting.add_metric([storage.hex(), reason.value], float(n))
+    yield waiting
 
 
 def _queues(b: BrokerReading, storages: Sequence[bytes]) -> Iterator[Metric]:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import (
+    archive_object_storages,
     archive_policies,
     archive_storages,
     credentials,
@@ -161,11 +162,70 @@ def storage_exists(conn: Connection, storage_id: bytes) -> bool:
 
 
 def list_storages(conn: Connection) -> list[dict[str, Any]]:
-    rows = conn.execute(select(archive_storages).order_by(archive_storages.c.created_at)).all()
+    """Every storage, oldest first; an S3 storage with its ``bucket``, ``prefix`` and
+    ``endpoint`` (``None`` for a folder, whose path the database does not record)."""
+    s, o = archive_storages, archive_object_storages
+    rows = conn.execute(
+        select(s, o.c.bucket, o.c.prefix, o.c.endpoint)
+        .select_from(s.outerjoin(o, o.c.storage_id == s.c.storage_id))
+        .order_by(s.c.created_at)
+    ).all()
     return [
-        {"storage_id": r.storage_id.hex(), "label": r.label, "created_at": r.created_at}
+        {
+            "storage_id": r.storage_id.hex(),
+            "label": r.label,
+            "created_at": r.created_at,
+            "bucket": r.bucket,
+            "prefix": r.prefix,
+            "endpoint": r.endpoint,
+        }  # fmt: skip
         for r in rows
     ]
+
+
+#: The columns of an S3 storage's location (``orbit_archive_object_storages``), the fields of
+#: ``archive.engine.objects.S3Location``.
+OBJECT_LOCATION_FIELDS = (
+    "bucket", "prefix", "endpoint", "region", "path_style", "storage_class", "sse", "kms_key_id",
+)  # fmt: skip
+
+
+def register_object_location(conn: Connection, storage_id: bytes, location: dict[str, Any]) -> None:
+    """Record where an S3 storage lives (issue 18), with its registry row; a second
+    registration of the same storage keeps the first location."""
+    if object_location(conn, storage_id) is not None:
+        return
+    values = {k: location[k] for k in OBJECT_LOCATION_FIELDS}
+    try:
+        conn.execute(insert(archive_object_storages).values(storage_id=storage_id, **values))
+    except IntegrityError:
+        if object_location(conn, storage_id) is not None:
+            return
+        raise
+
+
+def object_location(conn: Connection, storage_id: bytes) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(archive_object_storages).where(archive_object_storages.c.storage_id == storage_id)
+    ).first()
+    return None if row is None else _location(row)
+
+
+def object_locations(conn: Connection, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    """The registered S3 storages at ``s3://bucket/prefix`` (on any endpoint), oldest first;
+    each with its ``storage_id`` (hex)."""
+    t = archive_object_storages
+    rows = conn.execute(
+        select(t).where(t.c.bucket == bucket, t.c.prefix == prefix).order_by(t.c.created_at)
+    ).all()
+    return [_location(r) for r in rows]
+
+
+def _location(row: Any) -> dict[str, Any]:
+    doc = {k: getattr(row, k) for k in OBJECT_LOCATION_FIELDS}
+    doc["path_style"] = bool(doc["path_style"])
+    doc["storage_id"] = row.storage_id.hex()
+    return doc
 
 
 # --- retention policies (append-only revisions) -------------------------------------------------

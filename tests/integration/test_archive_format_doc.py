@@ -5,8 +5,10 @@ flipped byte; its jq column listing matches the table."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from orbit_tasks.archive.format import names as file_names
@@ -14,14 +16,16 @@ from orbit_tasks.archive.format import values as fv
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.support.archive_chain import UNTIL, build_chain, manifest
 from tests.support.restore import FIXTURE, fixture_rows
+from tests.support.s3 import REGION, MotoServer, bucket_name
+from tests.support.s3 import moto_fixture as moto_fixture  # the session's S3 server
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "archive-format.md"
 
 
-def _script(tmp: Path) -> Path:
+def _script(tmp: Path, name: str = "verify-job.sh") -> Path:
     text = DOC.read_text(encoding="utf-8")
-    block = text.split("<!-- verify-job.sh", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    path = tmp / "verify-job.sh"
+    block = text.split(f"<!-- {name}", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    path = tmp / name
     path.write_text(block, encoding="utf-8")
     return path
 
@@ -82,3 +86,28 @@ def test_the_documented_jq_column_listing(tmp_path: Path) -> None:
     assert names == [c.name for c in HISTORY_KINDS["tasks"].root.columns]
     assert "request_json\tMEDIUMTEXT\tfalse\ttext" in out
     assert json.loads(chain.data(0))["format"] == "orbit-archive/2"
+
+
+def test_the_documented_s3_download_then_the_script(tmp_path: Path, moto: MotoServer) -> None:
+    """An S3 archive by hand (issue 18): the doc's boto3 download of a job prefix from a real
+    S3 server, then the same script; a flipped byte in a middle object is named."""
+    chain = build_chain()
+    client = moto.client()
+    bucket = moto.bucket(bucket_name("doc"))
+    prefix = f"archive/{'ab' * 16}/{'cd' * 16}/"
+    for name, data in chain.files:
+        client.put_object(Bucket=bucket, Key=prefix + name, Body=data)
+    download, verify = _script(tmp_path, "s3-download.sh"), _script(tmp_path)
+    env = {**os.environ, **moto.env(), "S3_ENDPOINT": moto.endpoint, "AWS_DEFAULT_REGION": REGION,
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    subprocess.run(["bash", str(download), bucket, prefix, str(tmp_path / "job")], env=env,
+                   check=True, timeout=60)  # fmt: skip
+    done = _run(verify, tmp_path / "job", chain.expect.last_sha256)
+    assert done.returncode == 0 and done.stdout.startswith("ok: 3 batches, 5 roots"), done.stdout
+    data = bytearray(dict(chain.files)[chain.name(2)])
+    data[len(data) // 2] ^= 0x01
+    client.put_object(Bucket=bucket, Key=prefix + chain.name(2), Body=bytes(data))
+    subprocess.run(["bash", str(download), bucket, prefix, str(tmp_path / "again")], env=env,
+                   check=True, timeout=60)  # fmt: skip
+    done = _run(verify, tmp_path / "again", chain.expect.last_sha256)
+    assert done.returncode == 1 and done.stdout.startswith(f"BAD {chain.name(2)}:"), done.stdout

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from orbit_tasks import counters
-from orbit_tasks.archive.engine import leftovers, runner, verify
+from orbit_tasks.archive.engine import runner, verify, volume
 from orbit_tasks.archive.engine.volume import job_dir, write_job_file
 from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format import names as file_names
@@ -89,7 +89,7 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     job = create_job(ae, ns, "tasks")
     listings: list[str] = []
     reads: list[str] = []
-    real_listdir, real_read = os.listdir, verify.read_file
+    real_listdir, real_read = os.listdir, volume.read_file
 
     def listdir(path: Any) -> list[str]:
         listings.append(str(path))
@@ -99,8 +99,8 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
         reads.append(Path(path).name)
         return real_read(path)
 
-    monkeypatch.setattr(leftovers.os, "listdir", listdir)
-    monkeypatch.setattr(verify, "read_file", read_file)
+    monkeypatch.setattr(volume.os, "listdir", listdir)
+    monkeypatch.setattr(volume, "read_file", read_file)
     stmts = _Statements(ae.engine)
     try:
         out = runner.run_job(
@@ -155,12 +155,10 @@ def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
     assert run(archive_slice_seconds=0) == "released"  # batch 1
     listings: list[str] = []
     reads: list[str] = []
-    real_listdir, real_read = os.listdir, verify.read_file
+    real_listdir, real_read = os.listdir, volume.read_file
+    monkeypatch.setattr(volume.os, "listdir", lambda p: listings.append(str(p)) or real_listdir(p))
     monkeypatch.setattr(
-        leftovers.os, "listdir", lambda p: listings.append(str(p)) or real_listdir(p)
-    )
-    monkeypatch.setattr(
-        verify, "read_file", lambda p: reads.append(Path(p).name) or real_read(Path(p))
+        volume, "read_file", lambda p: reads.append(Path(p).name) or real_read(Path(p))
     )
     assert run(archive_slice_seconds=0) == "released"  # from PENDING: the tail file only
     assert listings == [] and len(reads) == 1 and reads[0].startswith("00000001-")

@@ -405,9 +405,10 @@ def test_a_file_changed_after_verification_stops_the_restore(
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
         job, vol = _tasks_job(ae, tmp_path)
-        archive = restore.open_job(platform_engine, job, job_dir(vol, job.namespace_id, job.id))
+        directory = job_dir(vol, job.namespace_id, job.id)
+        archive = restore.open_job(platform_engine, job, directory)
         restore.check_rows(archive)
-        last = archive.directory / archive.batch_files[2]
+        last = directory / archive.batch_files[2]  # archive.directory: the storage seam
         data = bytearray(last.read_bytes())
         data[-12] ^= 0x01
         last.write_bytes(bytes(data))

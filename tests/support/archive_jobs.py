@@ -19,6 +19,7 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, select, update
 
+from orbit_tasks.archive.engine.storage import Storage, open_storage
 from orbit_tasks.archive.engine.verify import export_roots, verify_job_dir
 from orbit_tasks.archive.engine.volume import job_dir, write_identity
 from orbit_tasks.archive.jobs import Job, JobState
@@ -70,7 +71,7 @@ class ArchiveEnv:
     def worker(
         self,
         name: str,
-        volumes: list[Path],
+        volumes: list[Path] | list[Path | str],
         *,
         failpoints: str | None = None,
         pool: str = "prefork",
@@ -325,13 +326,14 @@ def file_snapshot(volume: Path, job: Job) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if not p.name.startswith(".tmp-")}
 
 
-def assert_succeeded_exactly(ae: ArchiveEnv, job: Job, volume: Path) -> list[bytes]:
+def assert_succeeded_exactly(ae: ArchiveEnv, job: Job, volume: Path | Storage) -> list[bytes]:
     """SUCCEEDED, the chain verifies, and the export holds exactly the range's roots once, in
-    (settled, id) order. Returns the exported root ids."""
+    (settled, id) order; the job directory (a folder or an S3 prefix) holds exactly the chain.
+    Returns the exported root ids."""
     job = ae.job(job.namespace_id, job.id)
     assert job.state is JobState.SUCCEEDED, job
     assert job.lease_id is None and job.lease_until is None
-    d = job_dir(volume, job.namespace_id, job.id)
+    d = open_storage(volume).job(job.namespace_id, job.id)
     report = verify_job_dir(d, expectation(ae, job))
     assert report.ok, (report.first_bad_file, report.reason)
     exported = [bytes.fromhex(obj["root"]["id"]) for obj in export_roots(d, expectation(ae, job))]
@@ -340,7 +342,7 @@ def assert_succeeded_exactly(ae: ArchiveEnv, job: Job, volume: Path) -> list[byt
         expected = source.root_keys_in_range(conn, job.kind, job.namespace_id, rng)
     assert exported == expected
     assert job.roots == len(expected)
-    names = sorted(os.listdir(d))
+    names = d.names()
     assert len(names) == job.batches + 1, names  # exactly the chain files
     with ae.engine.connect() as conn:
         plan = conn.execute(

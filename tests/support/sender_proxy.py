@@ -133,7 +133,7 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
             headers = {
                 k: v
                 for k, v in self.headers.items()
-                if k.lower() not in ("host", "content-length", "connection")
+                if k.lower() not in ("host", "content-length", "connection", "expect")
             }
             try:
                 resp = client.request(self.command, self.path, content=body, headers=headers)
@@ -159,6 +159,9 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
 
         do_GET = _handle
         do_POST = _handle
+        do_PUT = _handle  # the S3 tests put this proxy between a worker and the S3 server
+        do_HEAD = _handle
+        do_DELETE = _handle
 
     return Handler
 

@@ -44,6 +44,8 @@ def test_error_vocabulary_is_exactly_the_spec() -> None:
         "ROOT_TOO_LARGE",
         "POLICY_MISSING",
         "STALLED",
+        "ACCESS_DENIED",
+        "NO_SUCH_BUCKET",
     }
     assert [s.value for s in JobState] == [
         "PENDING",

@@ -104,7 +104,7 @@ def test_all_five_states_per_existing_storage_and_kind_and_zeros_per_storage() -
     assert value(m, "orbit_archive_jobs", storage=A.hex(), kind="events", state="FAILED") == 0
     assert value(m, "orbit_archive_jobs", storage=B.hex(), kind="audit", state="ABANDONED") == 0
     assert value(m, "orbit_archive_jobs", storage=A.hex(), kind="audit", state="PENDING") is None
-    assert len(series(m, "orbit_archive_jobs_failed")) == 2 * 10
+    assert len(series(m, "orbit_archive_jobs_failed")) == 2 * 12  # every ErrorCode
     assert value(m, "orbit_archive_jobs_failed", storage=B.hex(), error_code="CHAIN_BROKEN") == 1
     assert value(m, "orbit_archive_jobs_failed", storage=A.hex(), error_code="STALLED") == 0
     assert value(m, "orbit_archive_leases_expired", storage=A.hex()) == 0

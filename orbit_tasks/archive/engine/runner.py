@@ -24,31 +24,25 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
 from orbit_tasks import counters, failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
-from orbit_tasks.archive.engine import leftovers, verify
+from orbit_tasks.archive.controls import WaitReason
+from orbit_tasks.archive.engine import gate, leftovers, verify
+from orbit_tasks.archive.engine.gate import Gate
+from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
-from orbit_tasks.archive.engine.volume import (
-    IDENTITY_FILE,
-    ArchiveIOError,
-    DiskFull,
-    StoredFile,
-    job_dir,
-    read_identity,
-    store_job_file,
-)
+from orbit_tasks.archive.engine.storage import JobFiles, Place, Storage, open_storage
+from orbit_tasks.archive.engine.storage import parse_volumes as parse_volumes
+from orbit_tasks.archive.engine.volume import ArchiveIOError, DiskFull, StoredFile
 from orbit_tasks.archive.format import manifest as fm
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.format import values as fv
@@ -59,10 +53,11 @@ from orbit_tasks.archive.jobs import (
     JobFailure,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
-from orbit_tasks.db.engine import DB_CLOCK, Clock, single_statements
+from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput, LeaseLost
@@ -85,6 +80,8 @@ class Outcome(enum.StrEnum):
     RELEASED = "released"  # the time slice is over: PENDING again, a continuation wake-up sent
     LEASE_LOST = "lease_lost"  # a fenced write matched no row: stopped, nothing more written
     TRANSIENT = "transient"  # a transient database fault: stopped, the lease will expire
+    WAITING = "waiting"  # a control or the load guard says wait: not claimed, the wait recorded
+    STOPPED = "stopped"  # the same found at a batch boundary: released to PENDING, wait recorded
     CHAINED = "chained"  # internal: a confirm that took the next claim in the same statement
 
 
@@ -95,19 +92,6 @@ class Outcome(enum.StrEnum):
 CHAIN_LINES = "ends"
 
 
-def parse_volumes(raw: str | None) -> dict[str, Path]:
-    """``ORBIT_ARCHIVE_VOLUMES`` = JSON object ``{storage_hex: absolute_path}``."""
-    if not raw:
-        return {}
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        raise InvalidInput("ORBIT_ARCHIVE_VOLUMES is not a JSON object") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("ORBIT_ARCHIVE_VOLUMES is not a JSON object")
-    return {from_hex(str(k), "storage id").hex(): Path(str(v)) for k, v in doc.items()}
-
-
 @dataclass
 class _Chain:
     """What a claim chain carries from one claim to the next (never re-read)."""
@@ -115,21 +99,22 @@ class _Chain:
     engine: Engine
     conn: Connection  # the chain's one connection for its claims and confirms
     claim: store.Claim
-    volume: Path
-    directory: Path
+    volume: Storage  # a folder or an S3 prefix (engine/storage.py)
+    directory: JobFiles
     settings: Settings
     clock: Clock
     deadline: float  # monotonic end of the time slice
+    gate: Gate | None = None  # the controls of the chain (None: off, the bench's baseline)
     rng: ArchiveRange | None = None  # derived once per chain
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
-    identity_stamp: tuple[int, int, int, int] | None = None  # stat of the verified identity
+    identity_stamp: object = None  # the verified identity's stamp (a stat, an ETag)
 
 
 def run_job(
     ns_hex: str,
     job_hex: str,
-    volumes: Mapping[str, Path],
+    volumes: Mapping[str, Place],
     settings: Settings,
     *,
     engine: Engine | None = None,
@@ -137,8 +122,9 @@ def run_job(
     clock: Clock = DB_CLOCK,
 ) -> Outcome:
     """Handle one wake-up. Returns an outcome word (for logs and tests): ``missing``,
-    ``not_mounted``, ``not_claimed``, ``succeeded``, ``failed``, ``released``, ``lease_lost``,
-    ``transient``."""
+    ``not_mounted``, ``not_claimed``, ``waiting``, ``succeeded``, ``failed``, ``released``,
+    ``stopped``, ``lease_lost``, ``transient``."""
+    started = time.monotonic()
     if engine is None:
         engine = platform_engine()
     ns_id, job_id = from_hex(ns_hex, "namespace id"), from_hex(job_hex, "job id")
@@ -157,10 +143,18 @@ def run_job(
                     storage_id=job.storage_id,
                 )  # fmt: skip
                 return Outcome.NOT_MOUNTED
+            g = None
+            if settings.archive_controls:
+                g = gate.open_gate(conn, gate.view(job), settings, clock)
+                if _wait_before_claim(conn, g, job, started) is not None:
+                    return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
                 return Outcome.NOT_CLAIMED
+            if g is not None and g.open_wait:
+                with atomic(conn):
+                    control_store.close_waits(conn, ns_id, job_id, c.claimed_at)
             log_action(
                 log,
                 "archive.job.takeover" if c.takeover else "archive.job.claimed",
@@ -172,9 +166,10 @@ def run_job(
             if c.takeover:
                 counters.ARCHIVE_TAKEOVERS.labels(job.storage_id.hex()).inc()
             failpoints.hit("archive.after_claim")
+            storage = _open(volume, settings)
             ch = _Chain(
-                engine, conn, c, Path(volume), job_dir(Path(volume), ns_id, job_id), settings,
-                clock, time.monotonic() + settings.archive_slice_seconds,
+                engine, conn, c, storage, storage.job(ns_id, job_id), settings, clock,
+                started + settings.archive_slice_seconds, g,
             )  # fmt: skip
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
@@ -185,6 +180,12 @@ def run_job(
                 return failed
             return _run_chain(ch, publish)
     except Exception as exc:
+        if isinstance(exc, StorageUnavailable):  # retried for a third of the lease: stop
+            log_action(
+                log, "archive.job.storage_unavailable", logging.WARNING, namespace_id=ns_hex,
+                job_id=job_hex, error=str(exc),
+            )  # fmt: skip
+            return Outcome.TRANSIENT
         if is_transient_db(exc):
             log_action(
                 log, "archive.job.transient", logging.WARNING, namespace_id=ns_hex,
@@ -192,6 +193,28 @@ def run_job(
             )  # fmt: skip
             return Outcome.TRANSIENT
         raise
+
+
+def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
+    """Ask the checks before claiming (a waiting job is never claimed to find out). A short
+    throttle wait is slept here, holding no claim, within the first half of the slice; any
+    other reason is recorded as the job's wait and returned."""
+    budget = started + g.settings.archive_slice_seconds / 2
+    while True:
+        reason, wait = g.before_claim(conn)
+        if reason is None:
+            return None
+        short = wait <= gate.MAX_SLEEP_BEFORE_CLAIM and time.monotonic() + wait < budget
+        if reason is not WaitReason.THROTTLED or not short:
+            break
+        time.sleep(wait)
+    with atomic(conn):
+        control_store.record_wait(conn, job.namespace_id, job.id, reason, g.clock.now(conn))
+    log_action(
+        log, "archive.job.waiting", namespace_id=job.namespace_id, job_id=job.id,
+        reason=reason.value,
+    )  # fmt: skip
+    return reason
 
 
 def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
@@ -202,6 +225,8 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
     except LeaseLost:
         _lost(ch.claim)
         return Outcome.LEASE_LOST
+    if outcome is Outcome.STOPPED:
+        return outcome  # no continuation: the tick wakes waiting jobs up
     if outcome is Outcome.RELEASED:
         job = ch.claim.job
         log_action(log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id)
@@ -259,9 +284,9 @@ def _claims(ch: _Chain) -> Outcome:
             sha = fv.sha256_hex(data)
             manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
-            stored = store_job_file(ch.directory, manifest.name, manifest.data)
+            stored = ch.directory.store(manifest.name, manifest.data)
             _written(ch, manifest)
-            outcome = _confirm(ch, manifest, stored, None)
+            outcome = _confirm(ch, manifest, stored, None, _boundary(ch, manifest))
             if outcome is not Outcome.CHAINED:
                 return outcome
         if ch.tail_final:
@@ -271,6 +296,10 @@ def _claims(ch: _Chain) -> Outcome:
         raise JobFailure(ErrorCode.SOURCE_INVALID) from None
     except DiskFull:
         raise JobFailure(ErrorCode.DISK_FULL) from None
+    except StorageDenied:
+        raise JobFailure(ErrorCode.ACCESS_DENIED) from None
+    except NoSuchBucket:
+        raise JobFailure(ErrorCode.NO_SUCH_BUCKET) from None
     except ArchiveIOError:
         raise JobFailure(ErrorCode.IO_ERROR) from None
 
@@ -318,38 +347,47 @@ def _batches(ch: _Chain) -> Outcome:
             assert (current.seq, current.prev_sha256) == (job.batches + 1, job.last_sha256)
             if writing is None:  # not written ahead: step 1, budget and the write now
                 _refuse(_admit(ch, current, job.bytes))
-                writing = writer.submit(store_job_file, ch.directory, current.name, current.data)
+                writing = writer.submit(ch.directory.store, current.name, current.data)
             stored = writing.result()
             _written(ch, current)
             writing, upcoming = None, NOT_READY
-            if not current.final and time.monotonic() < ch.deadline:
+            stop = _boundary(ch, current)
+            if not current.final and stop is None and time.monotonic() < ch.deadline:
                 upcoming = ahead.ready()  # write the next file ahead only if it is ready
                 if upcoming is not NOT_READY:
                     follow = _batch_file(upcoming)
                     if _admit(ch, follow, job.bytes + len(current.data)) is None:
                         writing = writer.submit(
-                            store_job_file, ch.directory, follow.name, follow.data
+                            ch.directory.store, follow.name, follow.data
                         )  # else: refused again, after this confirm, in the next round
-            outcome = _confirm(ch, current, stored, writing)
+            outcome = _confirm(ch, current, stored, writing, stop)
             if outcome is not Outcome.CHAINED:
                 return outcome
+
+
+def _boundary(ch: _Chain, f: _File) -> WaitReason | None:
+    """The batch boundary before ``f``'s confirm: a reason to release instead of chaining the
+    next claim (a final file is confirmed with its lease kept whatever the controls say)."""
+    if f.final or ch.gate is None:
+        return None
+    return ch.gate.at_boundary(ch.conn, f.seq, f.roots, ch.deadline)
 
 
 def _check_volume(ch: _Chain) -> None:
     """Step 1: the mounted volume is the job's storage (checked on every claim: a disk swapped
     under a running worker is caught before anything is written). The identity file is read
-    again whenever its ``stat`` changes (another disk mounted there has another device and
-    inode; a rewritten file another inode or mtime); a claim whose ``stat`` matches the one
-    already verified in this chain costs one ``stat``."""
+    again whenever its stamp changes (a folder's ``stat``: another disk mounted there has
+    another device and inode; a rewritten file another inode or mtime; an object's ETag); a
+    claim whose stamp matches the one already verified in this chain costs one ``stat`` (one
+    GET of the identity object on S3)."""
     try:
-        st = os.stat(ch.volume / IDENTITY_FILE)
+        stamp = ch.volume.identity_stamp()
     except OSError:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
-    stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if stamp == ch.identity_stamp:
         return
     try:
-        ident = read_identity(ch.volume)
+        ident = ch.volume.identity()
     except InvalidInput:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
     if ident.storage_id != ch.claim.job.storage_id:
@@ -447,22 +485,40 @@ def _refuse(code: ErrorCode | None) -> None:
 
 
 def _confirm(
-    ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile] | None
+    ch: _Chain,
+    f: _File,
+    stored: StoredFile,
+    follow: Future[StoredFile] | None,
+    stop: WaitReason | None = None,
 ) -> Outcome:
     """Step 4 after the durable write: the fenced confirm that chains the next claim (or keeps
-    the lease for the final step, or releases the job at the end of the time slice). Returns
-    ``chained``, or the outcome of the final step / ``released``. ``follow`` is the write of
-    the next file, already under way (only when chaining)."""
+    the lease for the final step, or releases the job at the end of the time slice or because
+    ``stop`` says wait). Returns ``chained``, or the outcome of the final step / ``released`` /
+    ``stopped``. ``follow`` is the write of the next file, already under way (only when
+    chaining). A chained confirm compares the control generation inside its UPDATE; when it
+    changed, the controls are read again and the boundary asked again (at most one batch and
+    its confirm follow a pause)."""
     c = ch.claim
     job = c.job
     after: store.After = "keep" if f.final else "chain"
-    if not f.final and follow is None and time.monotonic() >= ch.deadline:
+    if not f.final and (stop is not None or (follow is None and time.monotonic() >= ch.deadline)):
         after = "release"
     try:
-        nxt = store.confirm(
-            ch.conn, c, is_batch=f.is_batch, roots=f.roots, size=len(f.data), sha256=f.sha256,
-            after=after, lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
-        )  # fmt: skip
+        while True:
+            try:
+                nxt = store.confirm(
+                    ch.conn, c, is_batch=f.is_batch, roots=f.roots, size=len(f.data),
+                    sha256=f.sha256, after=after,
+                    lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
+                    generation=None if ch.gate is None else ch.gate.generation,
+                )  # fmt: skip
+                break
+            except store.ControlsChanged:
+                assert ch.gate is not None
+                ch.gate.reload(ch.conn)
+                stop = _boundary(ch, f)
+                if stop is not None:
+                    after = "release"
     except LeaseLost:
         leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, stored)
         if follow is not None:
@@ -476,6 +532,13 @@ def _confirm(
         bytes=job.bytes + len(f.data), after=after,
     )  # fmt: skip
     failpoints.hit("archive.after_confirm")
+    if after == "release" and stop is not None:
+        if follow is not None:  # written ahead before the controls changed: not confirmed
+            with contextlib.suppress(Exception):
+                ahead = follow.result()
+                leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
+        _stopped(ch, stop)
+        return Outcome.STOPPED
     if after == "release":
         return Outcome.RELEASED
     assert nxt is not None
@@ -484,6 +547,20 @@ def _confirm(
         ch.tail_final = True
         return _finish(ch)
     return Outcome.CHAINED
+
+
+def _stopped(ch: _Chain, reason: WaitReason) -> None:
+    """Released at a batch boundary for ``reason``: the job's wait starts now."""
+    job = ch.claim.job
+    assert ch.gate is not None
+    with atomic(ch.conn):
+        control_store.record_wait(
+            ch.conn, job.namespace_id, job.id, reason, ch.gate.clock.now(ch.conn)
+        )
+    log_action(
+        log, "archive.job.stopped", namespace_id=job.namespace_id, job_id=job.id,
+        reason=reason.value, batches=job.batches,
+    )  # fmt: skip
 
 
 def _require_verified(report: VerifyReport, ch: _Chain) -> None:
@@ -523,10 +600,15 @@ def _finish(ch: _Chain) -> Outcome:
     return Outcome.SUCCEEDED
 
 
+def _open(volume: Place, settings: Settings) -> Storage:
+    """The job's storage; an S3 request is retried for at most a third of the lease."""
+    return open_storage(volume, retry_seconds=settings.archive_lease_seconds / 3)
+
+
 def _loop(
     engine: Engine,
     c: store.Claim,
-    volume: Path,
+    volume: Place,
     settings: Settings,
     publish: Publisher | None,
     clock: Clock = DB_CLOCK,
@@ -534,8 +616,9 @@ def _loop(
     """Run the claim chain of an existing claim ``c`` (tests: a claim taken elsewhere)."""
     with engine.connect() as conn:
         conn = single_statements(conn)
+        storage = _open(volume, settings)
         ch = _Chain(
-            engine, conn, c, volume, job_dir(volume, c.job.namespace_id, c.job.id), settings,
+            engine, conn, c, storage, storage.job(c.job.namespace_id, c.job.id), settings,
             clock, time.monotonic() + settings.archive_slice_seconds,
         )  # fmt: skip
         return _run_chain(ch, publish)

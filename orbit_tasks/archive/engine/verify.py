@@ -1,9 +1,10 @@
-"""Verify a job directory on a volume against its job row, and export its decoded roots.
+"""Verify a job directory on a storage against its job row, and export its decoded roots.
 
 The one streaming verifier: ``orbit job verify`` / ``orbit job export`` and the runner (the
 prefix check of a claim, the stray cleanup and the final step, SPEC §5) all verify through it.
 Files are read one at a time, on demand, so verification of a large job does not hold the
-chain in memory.
+chain in memory. A job directory is a folder path or a :class:`~storage.JobFiles` (a folder or
+an S3 prefix: the same checks, reading one object at a time).
 
 * :func:`verify_job_dir` -- the full, strict check of :func:`chain.verify_chain`.
   ``.tmp-`` files are ignored; any other foreign name is reported as a bad file. A missing
@@ -28,11 +29,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orbit_tasks.archive.engine.volume import list_names, read_file
+from orbit_tasks.archive.engine.storage import JobFiles, job_files
+from orbit_tasks.archive.engine.volume import ArchiveIOError
 from orbit_tasks.archive.format.batch import batch_header, decode_batch
 from orbit_tasks.archive.format.chain import verify_chain, verify_prefix
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
-from orbit_tasks.archive.format.names import parse_name, tail_name
+from orbit_tasks.archive.format.names import TMP_PREFIX, parse_name, tail_name
 from orbit_tasks.archive.format.values import FormatError, sha256_hex
 from orbit_tasks.errors import OrbitError
 
@@ -48,11 +50,16 @@ class ChainInvalid(OrbitError):
         self.report = report
 
 
-def _missing_dir(dirpath: Path, expect: ChainExpectation) -> VerifyReport:
+def _names(jf: JobFiles) -> list[str]:
+    """Every name but ``.tmp-`` files, sorted (a missing directory lists as empty)."""
+    return [n for n in jf.names() if not n.startswith(TMP_PREFIX)]
+
+
+def _missing_dir(jf: JobFiles, expect: ChainExpectation) -> VerifyReport:
     nothing = expect.last_sha256 == "" and not expect.complete
     return VerifyReport(
         ok=nothing,
-        first_bad_file=None if nothing else str(dirpath),
+        first_bad_file=None if nothing else jf.where,
         reason=None if nothing else "job directory is missing",
         batches=0,
         roots=0,
@@ -62,26 +69,35 @@ def _missing_dir(dirpath: Path, expect: ChainExpectation) -> VerifyReport:
     )
 
 
-def _loader(path: Path, io_errors: bool = False) -> Callable[[], bytes]:
-    """Reads one file when the verifier gets to it. A plain ``OSError`` is reported as a bad
-    file, by name; with ``io_errors`` only a missing file is (``read_file`` raises
-    ``ArchiveIOError`` for any other OS error)."""
+def _loader(jf: JobFiles, name: str, io_errors: bool = False) -> Callable[[], bytes]:
+    """Reads one file when the verifier gets to it. A missing file is reported as a bad file,
+    by name; so is any other unreadable file, unless ``io_errors`` (then ``ArchiveIOError``:
+    ``IO_ERROR`` rather than ``CHAIN_BROKEN`` in the runner)."""
     if io_errors:
-        return lambda: read_file(path)
-    return path.read_bytes
+        return lambda: jf.read(name)
+
+    def load() -> bytes:
+        try:
+            return jf.read(name)
+        except ArchiveIOError as exc:
+            raise OSError(str(exc)) from None  # a bad file, by name
+
+    return load
 
 
-def verify_job_dir(dirpath: Path, expect: ChainExpectation) -> VerifyReport:
-    """Full verification of ``dirpath`` (``<volume>/<ns_hex>/<job_hex>``) against the job row."""
-    directory = Path(dirpath)
-    if not directory.is_dir():
-        return _missing_dir(directory, expect)
-    files = [(n, _loader(directory / n)) for n in list_names(directory)]
+def verify_job_dir(dirpath: Path | JobFiles, expect: ChainExpectation) -> VerifyReport:
+    """Full verification of a job directory (``<volume>/<ns_hex>/<job_hex>`` or its S3
+    prefix) against the job row."""
+    jf = job_files(dirpath)
+    names = _names(jf)
+    if not names and not jf.exists():
+        return _missing_dir(jf, expect)
+    files = [(n, _loader(jf, n)) for n in names]
     return verify_chain(files, expect=expect)
 
 
 def verify_job_prefix(
-    dirpath: Path,
+    dirpath: Path | JobFiles,
     expect: ChainExpectation,
     *,
     full: bool = False,
@@ -93,56 +109,59 @@ def verify_job_prefix(
     """SPEC §5 step 2 on a directory: the tail file only, or (``full``) the whole confirmed
     prefix; ``names`` is the directory's listing when the caller has it (full only). Files
     beyond the prefix are ignored and listed in ``report.beyond``."""
-    directory = Path(dirpath)
+    jf = job_files(dirpath)
     expect = replace(expect, complete=False)
     if not full:
         if expect.last_sha256 == "":
             return verify_prefix([], expect=expect)
         tail = tail_name(expect.batches, expect.last_sha256)
-        files = [(tail, _loader(directory / tail, io_errors))]
+        files = [(tail, _loader(jf, tail, io_errors))]
         return verify_prefix(files, expect=expect, lines=lines)
     if names is None:
-        if not directory.is_dir():
-            return _missing_dir(directory, expect)
-        names = list_names(directory)
+        names = _names(jf)
+        if not names and not jf.exists():
+            return _missing_dir(jf, expect)
     files = [
-        (n, _loader(directory / n, io_errors))
+        (n, _loader(jf, n, io_errors))
         for n in names
         if not allow_strays or parse_name(n) is not None
     ]
     return verify_prefix(files, expect=expect, full=True, allow_strays=allow_strays, lines=lines)
 
 
-def confirmed_name_at(dirpath: Path, batches: int, last_sha256: str, seq: int) -> str | None:
+def confirmed_name_at(
+    dirpath: Path | JobFiles, batches: int, last_sha256: str, seq: int
+) -> str | None:
     """Name of the confirmed chain file at position ``seq`` (``0 <= seq <= batches``), walked back
     from the tail ``tail_name(batches, last_sha256)`` through each batch header's
     ``prev_sha256``; None when the walk cannot get there (a missing or unreadable file)."""
     if last_sha256 == "" or not 0 <= seq <= batches:
         return None
+    jf = job_files(dirpath)
     name = tail_name(batches, last_sha256)
     for position in range(batches, seq, -1):
         try:
-            prev = batch_header(read_file(Path(dirpath) / name))["prev_sha256"]
+            prev = batch_header(jf.read(name))["prev_sha256"]
         except (OSError, FormatError, OrbitError):
             return None
         name = tail_name(position - 1, str(prev))
     return name
 
 
-def export_roots(dirpath: Path, expect: ChainExpectation) -> Iterator[dict[str, Any]]:
+def export_roots(dirpath: Path | JobFiles, expect: ChainExpectation) -> Iterator[dict[str, Any]]:
     """Verify, then yield the decoded root lines of the confirmed chain in order."""
-    directory = Path(dirpath)
-    report = verify_job_dir(directory, expect)
+    jf = job_files(dirpath)
+    report = verify_job_dir(jf, expect)
     if not report.ok:
         raise ChainInvalid(report)
     batches = sorted(
         (p.seq, n)
-        for n in list_names(directory)
+        for n in _names(jf)
         if (p := parse_name(n)) is not None and 1 <= p.seq <= report.batches
     )
     for _seq, name in batches:
         try:
-            data = read_file(directory / name)
+            data = jf.read(name)
         except FileNotFoundError:
             data = b""
         parsed = parse_name(name)

@@ -28,7 +28,7 @@ import json
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from orbit_tasks import failpoints, oserrors
 from orbit_tasks.archive.format.names import TMP_PREFIX, ParsedName, parse_name
@@ -42,7 +42,7 @@ VOLUME_FORMAT = "orbit-volume/1"
 
 @dataclass(frozen=True)
 class VolumeIdentity:
-    path: Path
+    path: PurePath  # a folder's resolved Path; an S3 storage's s3://bucket/prefix
     storage_id: bytes
     label: str
 
@@ -60,15 +60,30 @@ def read_identity(path: Path | str) -> VolumeIdentity:
     root = Path(path)
     ident = root / IDENTITY_FILE
     try:
-        doc = json.loads(ident.read_text(encoding="utf-8"))
+        data = ident.read_bytes()
     except FileNotFoundError:
         raise InvalidInput(f"{root} is not an archive volume (no {IDENTITY_FILE})") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise InvalidInput(f"{ident} is unreadable: {type(exc).__name__}") from None
+    return parse_identity(data, str(ident), root.resolve())
+
+
+def parse_identity(data: bytes, where: str, root: PurePath) -> VolumeIdentity:
+    """Validate the bytes of an identity file or object (``where`` names it in messages)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise InvalidInput(f"{where} is unreadable: {type(exc).__name__}") from None
     if not isinstance(doc, dict) or doc.get("format") != VOLUME_FORMAT:
-        raise InvalidInput(f"{ident} is not of format {VOLUME_FORMAT!r}")
+        raise InvalidInput(f"{where} is not of format {VOLUME_FORMAT!r}")
     storage_id = from_hex(str(doc.get("storage_id", "")), "storage_id")
-    return VolumeIdentity(root.resolve(), storage_id, str(doc.get("label", "")))
+    return VolumeIdentity(root, storage_id, str(doc.get("label", "")))
+
+
+def identity_document(storage_id: bytes, label: str) -> bytes:
+    """The bytes of an identity file or object: canonical JSON and a newline."""
+    doc = {"format": VOLUME_FORMAT, "label": label, "storage_id": storage_id.hex()}
+    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 def write_identity(path: Path | str, storage_id: bytes, label: str) -> VolumeIdentity:
@@ -89,8 +104,7 @@ def write_identity(path: Path | str, storage_id: bytes, label: str) -> VolumeIde
     final = root / IDENTITY_FILE
     if final.exists():
         return _existing_identity(root, storage_id)
-    doc = {"format": VOLUME_FORMAT, "label": label, "storage_id": storage_id.hex()}
-    data = (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+    data = identity_document(storage_id, label)
     created: list[Path] = []
     tmp: Path | None = None
     published = False
@@ -172,9 +186,10 @@ class FileConflict(ArchiveIOError):
 
 @dataclass(frozen=True)
 class StoredFile:
-    path: Path
+    path: PurePath  # a folder's file, or an S3 object's key
     created: bool  # False: the name already existed with identical bytes; left untouched
-    inode: int  # the inode now under the name (ours only when ``created``)
+    inode: int | None  # the inode now under the name (ours only when ``created``); S3: None
+    data: bytes | None = None  # S3: the bytes, to put back a name confirmed meanwhile (step 6)
 
 
 def _os_error(exc: OSError, what: str) -> ArchiveIOError:
@@ -273,7 +288,7 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
 
 def write_job_file(dirpath: Path, name: str, data: bytes) -> Path:
     """:func:`store_job_file` returning just the path."""
-    return store_job_file(dirpath, name, data).path
+    return Path(store_job_file(dirpath, name, data).path)
 
 
 def list_job_files(dirpath: Path) -> list[tuple[str, ParsedName]]:
@@ -281,6 +296,16 @@ def list_job_files(dirpath: Path) -> list[tuple[str, ParsedName]]:
     A missing directory lists as empty."""
     out = [(n, p) for n in list_names(dirpath) if (p := parse_name(n)) is not None]
     return sorted(out, key=lambda item: (item[1].seq, item[0]))
+
+
+def list_all_names(dirpath: Path) -> list[str]:
+    """Every name in a job directory (``.tmp-`` files too), sorted; missing directory -> []."""
+    try:
+        return sorted(os.listdir(dirpath))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise _os_error(exc, "job directory") from None
 
 
 def list_names(dirpath: Path) -> list[str]:

@@ -30,8 +30,8 @@ from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.archive import claims
+from orbit_tasks.archive.engine.storage import JobFiles, Place, job_files, open_storage
 from orbit_tasks.archive.engine.verify import ChainInvalid, verify_job_dir
-from orbit_tasks.archive.engine.volume import job_dir, list_names, read_file
 from orbit_tasks.archive.format.batch import DecodedBatch, decode_batch
 from orbit_tasks.archive.format.manifest import decode_manifest
 from orbit_tasks.archive.format.names import parse_name
@@ -140,7 +140,7 @@ class JobArchive:
     """A SUCCEEDED job whose chain verified: its manifest, table description and files."""
 
     job: Job
-    directory: Path
+    directory: JobFiles  # a folder or an S3 prefix, read one file at a time
     range: ArchiveRange | None
     manifest: dict[str, Any]
     schema: SourceSchema
@@ -152,8 +152,9 @@ class JobArchive:
         return str(self.manifest["format"])
 
 
-def job_directory(volumes: Mapping[bytes, Path], job: Job) -> Path:
-    """The job's directory on the one given volume that holds its storage."""
+def job_directory(volumes: Mapping[bytes, Place], job: Job) -> JobFiles:
+    """The job's directory on the one given volume (a folder or S3 storage) that holds its
+    storage."""
     volume = volumes.get(job.storage_id)
     if volume is None:
         given = ", ".join(sorted(s.hex() for s in volumes)) or "none"
@@ -161,10 +162,10 @@ def job_directory(volumes: Mapping[bytes, Path], job: Job) -> Path:
             f"job {job.id.hex()} belongs to storage {job.storage_id.hex()}, "
             f"but --volume gives storage {given}"
         )
-    return job_dir(volume, job.namespace_id, job.id)
+    return open_storage(volume).job(job.namespace_id, job.id)
 
 
-def open_job(platform: Engine, job: Job, directory: Path) -> JobArchive:
+def open_job(platform: Engine, job: Job, place: Path | JobFiles) -> JobArchive:
     """Verify the whole chain against the job row (as ``orbit job verify``); raises
     :class:`ChainInvalid` naming the first bad file, :class:`IllegalState` unless SUCCEEDED."""
     if job.state is not JobState.SUCCEEDED:
@@ -181,10 +182,11 @@ def open_job(platform: Engine, job: Job, directory: Path) -> JobArchive:
     expect = claims.chain_expectation(job, complete=True)
     if rng is not None:
         expect = replace(expect, range=(rng.from_, rng.until))
+    directory = job_files(place)
     report = verify_job_dir(directory, expect)
     if not report.ok:
         raise ChainInvalid(report)
-    named = sorted((p.seq, n) for n in list_names(directory) if (p := parse_name(n)) is not None)
+    named = sorted((p.seq, n) for n in directory.names() if (p := parse_name(n)) is not None)
     manifest_file = named[0][1]
     data = _read(job, directory, manifest_file)
     try:
@@ -225,9 +227,9 @@ def _sha_of(name: str) -> str:
     return parsed.sha256
 
 
-def _read(job: Job, directory: Path, name: str) -> bytes:
+def _read(job: Job, directory: JobFiles, name: str) -> bytes:
     try:
-        data = read_file(directory / name)
+        data = directory.read(name)
     except (OSError, OrbitError):
         raise ArchiveUnreadable(job.id, name, "file cannot be read") from None
     if sha256_hex(data) != _sha_of(name):

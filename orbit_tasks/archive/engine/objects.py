@@ -1,0 +1,578 @@
+"""Archive storages on S3-compatible object storage (issue 18): ``s3://BUCKET/PREFIX`` with the
+guarantees of a volume (SPEC §5, docs/archive-jobs.md "Object storage").
+
+Layout: ``PREFIX/.orbit-volume.json`` is the identity object (the bytes of a folder's identity
+file) and ``PREFIX/<ns_hex>/<job_hex>/<name>`` the job files, named as on a volume.
+
+* A chain file is durable when one ``PutObject`` of its final content-addressed key succeeded
+  with ``If-None-Match: *`` (an existing key is never replaced; a second writer gets 412 and
+  compares the bytes, as a folder's ``link`` does) and ``x-amz-checksum-sha256`` (the server
+  checks the body against it). The identity object is created the same way, so of two
+  ``storage init`` runs on one prefix exactly one identity wins.
+* Listing (``ListObjectsV2``, paginated) is done only where a folder is listed: a takeover and
+  the final step (and ``orbit job verify|export|restore``); never per batch.
+* A stale writer's removal (step 6) deletes the key, then the caller re-checks the job row and
+  puts the same bytes back if that name got confirmed meanwhile (there is no inode to fence a
+  delete on; the bytes of a content-addressed name are the same whoever wrote them).
+* Faults: throttling (``SlowDown``, 429), 5xx, timeouts and connection resets are retried with
+  capped exponential backoff and full jitter for at most ``retry_seconds`` per request (the
+  runner passes a third of the lease); then :class:`StorageUnavailable` (the runner stops and
+  lets the lease expire, like a transient database fault). Access denied / no credentials ->
+  :class:`StorageDenied` (job code ``ACCESS_DENIED``), a missing bucket ->
+  :class:`NoSuchBucket` (``NO_SUCH_BUCKET``), anything else -> :class:`ArchiveIOError`.
+
+Credentials come only from the standard AWS chain of ``boto3`` (environment, shared config and
+credentials files, container or instance role); this module never reads, stores, logs or prints
+one. Messages name the bucket, key and S3 error code, never a header, a signature or a body.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Collection, Hashable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
+from typing import Any, TypeVar
+
+from orbit_tasks import failpoints
+from orbit_tasks.archive.engine.volume import (
+    IDENTITY_FILE,
+    ArchiveIOError,
+    FileConflict,
+    StoredFile,
+    VolumeIdentity,
+    identity_document,
+    parse_identity,
+)
+from orbit_tasks.archive.format.names import parse_name
+from orbit_tasks.archive.format.values import sha256_hex
+from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
+from orbit_tasks.logs import log_action
+
+log = logging.getLogger("orbit.archive.engine.objects")
+
+SCHEME = "s3://"
+MAX_PREFIX = 512
+STORAGE_CLASSES = (
+    "STANDARD",
+    "STANDARD_IA",
+    "ONEZONE_IA",
+    "INTELLIGENT_TIERING",
+    "GLACIER_IR",
+    "REDUCED_REDUNDANCY",
+)
+SSE_MODES = ("", "AES256", "aws:kms")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_PREFIX_CHAR = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
+
+#: S3 error codes of a refused identity or permission (job code ACCESS_DENIED).
+DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "AccountProblem",
+        "InvalidSecurity",
+    }
+)
+#: S3 error codes worth another try (with the 5xx statuses and 429).
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "OperationAborted",
+        "ConditionalRequestConflict",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+    }
+)
+#: botocore transport errors (by class, through the MRO): reset, timeout, refused, truncated.
+TRANSIENT_TRANSPORT = frozenset(
+    {"ConnectionError", "HTTPClientError", "IncompleteReadError", "ProtocolError"}
+)
+#: botocore's "no (usable) credentials in the chain".
+NO_CREDENTIALS = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
+)
+
+
+class StorageDenied(ArchiveIOError):
+    """The object store refused our identity or permission, or the chain has no credentials
+    (job code ``ACCESS_DENIED``)."""
+
+
+class NoSuchBucket(ArchiveIOError):
+    """The bucket does not exist (job code ``NO_SUCH_BUCKET``)."""
+
+    exit_code = 4
+
+
+class StorageUnavailable(OrbitError):
+    """The object store kept failing transiently for the whole retry budget: not a job failure
+    (the runner stops; the lease expires and a claim tries again)."""
+
+
+# --------------------------------------------------------------------------- locations
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """Where an S3 storage lives and how its objects are written. Not a secret: recorded with
+    the storage at ``storage init`` and handed to workers in ``ORBIT_ARCHIVE_VOLUMES``."""
+
+    bucket: str
+    prefix: str = ""  # no leading or trailing '/'; "" = the bucket's root
+    endpoint: str = ""  # "" = the AWS endpoint of the region (or the AWS config's)
+    region: str = ""  # "" = the AWS chain's region
+    path_style: bool = False
+    storage_class: str = ""  # "" = the bucket's default (STANDARD)
+    sse: str = ""  # "", "AES256" (SSE-S3) or "aws:kms" (SSE-KMS)
+    kms_key_id: str = ""  # with sse "aws:kms"; "" = the account's default key
+
+    @property
+    def url(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def to_json(self) -> dict[str, Any]:
+        return {"s3": asdict(self)}
+
+
+def is_s3_url(text: str) -> bool:
+    return text.lower().startswith(SCHEME)
+
+
+def parse_s3_url(text: str) -> tuple[str, str]:
+    """``s3://BUCKET[/PREFIX]`` -> (bucket, prefix without the slashes around it)."""
+    if not is_s3_url(text):
+        raise InvalidInput(f"{text!r} is not an s3:// URL (s3://BUCKET/PREFIX)")
+    rest = text[len(SCHEME) :]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise InvalidInput(f"{text!r} names no bucket (s3://BUCKET/PREFIX)")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise InvalidInput(
+            f"bucket {bucket!r} is not a valid S3 bucket name (3..63 lowercase letters, digits, "
+            "dots and hyphens, starting and ending with a letter or digit)"
+        )
+    prefix = prefix.strip("/")
+    if len(prefix) > MAX_PREFIX:
+        raise InvalidInput(f"prefix is {len(prefix)} characters long (allowed 0..{MAX_PREFIX})")
+    if not _PREFIX_CHAR.match(prefix) or "//" in prefix:
+        raise InvalidInput(
+            f"prefix {prefix!r} holds characters outside A-Z a-z 0-9 ! _ . * ' ( ) - / "
+            "(or an empty path segment)"
+        )
+    return bucket, prefix
+
+
+def location_from_json(doc: Mapping[str, Any]) -> S3Location:
+    """An :class:`S3Location` from ``{"s3": {...}}`` (``ORBIT_ARCHIVE_VOLUMES``)."""
+    inner = doc.get("s3")
+    if not isinstance(inner, Mapping):
+        raise InvalidInput("an ORBIT_ARCHIVE_VOLUMES entry is neither a path nor {'s3': {...}}")
+    fields = {k: inner[k] for k in S3Location.__dataclass_fields__ if k in inner}
+    try:
+        loc = S3Location(**fields)
+    except TypeError:
+        raise InvalidInput("an ORBIT_ARCHIVE_VOLUMES s3 entry has no bucket") from None
+    check_options(loc)
+    return loc
+
+
+def check_options(loc: S3Location) -> None:
+    """The per-storage write options of ``storage init`` (the values, not the server's say)."""
+    if loc.storage_class and loc.storage_class not in STORAGE_CLASSES:
+        raise InvalidInput(
+            f"storage class {loc.storage_class!r} is not allowed "
+            f"(allowed: {', '.join(STORAGE_CLASSES)})"
+        )
+    if loc.sse not in SSE_MODES:
+        raise InvalidInput(f"SSE mode {loc.sse!r} is not allowed (allowed: AES256, aws:kms)")
+    if loc.kms_key_id and loc.sse != "aws:kms":
+        raise InvalidInput("a KMS key id needs SSE mode aws:kms")
+    if loc.endpoint and not re.match(r"^https?://[^/\s]+/?$", loc.endpoint):
+        raise InvalidInput(
+            f"endpoint {loc.endpoint!r} is not an http(s)://HOST[:PORT] URL without a path"
+        )
+
+
+# --------------------------------------------------------------------------- faults (pure)
+
+
+def fault_of(exc: BaseException) -> str:
+    """``transient``, ``denied``, ``no_bucket``, ``missing``, ``exists`` or ``other`` for an
+    exception raised by a botocore call (pure: reads the error code and status only)."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if names & NO_CREDENTIALS:
+        return "denied"
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in DENIED_CODES or (status == 403 and code in ("", "403", "Forbidden")):
+            return "denied"
+        if code == "NoSuchBucket":
+            return "no_bucket"
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return "missing"
+        if code in ("PreconditionFailed", "412"):
+            return "exists"
+        if code in TRANSIENT_CODES or status == 429 or status >= 500:
+            return "transient"
+        return "other"
+    if names & TRANSIENT_TRANSPORT:
+        return "transient"
+    return "other"
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code or the exception's class name (for messages and logs)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+    return type(exc).__name__
+
+
+def backoff(attempt: int, *, base: float = 0.05, cap: float = 2.0, rnd: float = 1.0) -> float:
+    """Capped exponential backoff with full jitter: ``rnd`` in [0, 1) times ``min(cap, base *
+    2**attempt)`` (pure; the caller passes ``random.random()``)."""
+    return rnd * min(cap, base * (2 ** min(attempt, 30)))
+
+
+# --------------------------------------------------------------------------- the client
+
+
+T = TypeVar("T")
+
+
+class _Client:
+    """One boto3 client of a location, made on first use (thread-safe, shared by the runner's
+    threads), and the retry loop around every call."""
+
+    def __init__(self, loc: S3Location, retry_seconds: float) -> None:
+        self.loc = loc
+        self.retry_seconds = max(0.5, retry_seconds)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._make()
+            return self._client
+
+    def _make(self) -> Any:
+        # Imported here: boto3 and botocore cost 160-220 ms (python -X importtime); only a
+        # command or a worker that opens an S3 storage pays for them.
+        import boto3
+        from botocore.config import Config
+
+        timeout = max(1.0, min(30.0, self.retry_seconds / 2))
+        config = Config(
+            connect_timeout=min(5.0, timeout),
+            read_timeout=timeout,
+            retries={"mode": "standard", "total_max_attempts": 1},  # ours: see call()
+            s3={"addressing_style": "path" if self.loc.path_style else "auto"},
+            request_checksum_calculation="when_required",  # we send the SHA-256 ourselves
+            response_checksum_validation="when_required",
+            user_agent_extra="orbit-tasks",
+        )
+        session = boto3.session.Session()
+        return session.client(
+            "s3",
+            endpoint_url=self.loc.endpoint or None,
+            region_name=self.loc.region or None,
+            config=config,
+        )
+
+    def call(self, op: str, what: str, fn: Callable[[Any], T]) -> T:
+        """``fn(client)`` retried on transient faults for at most ``retry_seconds``; permanent
+        faults become this module's errors (``missing`` -> FileNotFoundError, ``exists`` is
+        re-raised for the caller)."""
+        deadline = time.monotonic() + self.retry_seconds
+        attempt = 0
+        while True:
+            try:
+                return fn(self.get())
+            except Exception as exc:
+                fault = fault_of(exc)
+                if fault == "transient":
+                    pause = backoff(attempt, rnd=random.random())
+                    if time.monotonic() + pause >= deadline:
+                        log_action(
+                            log, "archive.storage.unavailable", op=op,
+                            target=what, code=error_code(exc), attempts=attempt + 1,
+                        )  # fmt: skip
+                        raise StorageUnavailable(
+                            f"{what}: the object store did not answer {op} "
+                            f"({error_code(exc)}) for {self.retry_seconds:g} s"
+                        ) from None
+                    log_action(
+                        log, "archive.storage.retry", op=op, code=error_code(exc),
+                        attempt=attempt + 1,
+                    )  # fmt: skip
+                    time.sleep(pause)
+                    attempt += 1
+                    continue
+                raise self._permanent(exc, fault, op, what) from None
+
+    def _permanent(self, exc: Exception, fault: str, op: str, what: str) -> BaseException:
+        code = error_code(exc)
+        if fault == "denied":
+            if code in NO_CREDENTIALS:
+                return StorageDenied(
+                    f"{what}: no AWS credentials found (environment, shared config or "
+                    "instance role)"
+                )
+            return StorageDenied(f"{what}: access denied by the object store ({code} on {op})")
+        if fault == "no_bucket":
+            return NoSuchBucket(f"bucket {self.loc.bucket!r} does not exist ({self._where()})")
+        if fault == "missing":
+            return FileNotFoundError(what)
+        if fault == "exists":
+            return _Exists(what)
+        return ArchiveIOError(f"{what}: object store error {code} on {op}")
+
+    def _where(self) -> str:
+        return f"endpoint {self.loc.endpoint}" if self.loc.endpoint else "AWS"
+
+
+class _Exists(Exception):
+    """412 on a conditional PUT: the key exists (handled by the caller)."""
+
+
+def _checksum(data: bytes) -> str:
+    return base64.b64encode(bytes.fromhex(sha256_hex(data))).decode("ascii")
+
+
+def _put_args(loc: S3Location) -> dict[str, str]:
+    args: dict[str, str] = {}
+    if loc.storage_class:
+        args["StorageClass"] = loc.storage_class
+    if loc.sse:
+        args["ServerSideEncryption"] = loc.sse
+    if loc.kms_key_id:
+        args["SSEKMSKeyId"] = loc.kms_key_id
+    return args
+
+
+def _read_body(client: Any, bucket: str, key: str) -> bytes:
+    response = client.get_object(Bucket=bucket, Key=key)
+    body = response["Body"]
+    try:
+        return bytes(body.read())
+    finally:
+        body.close()
+
+
+# --------------------------------------------------------------------------- storage and jobs
+
+
+class S3Job:
+    """One job's prefix ``PREFIX/<ns_hex>/<job_hex>/`` (the :class:`~storage.JobFiles` seam)."""
+
+    def __init__(self, client: _Client, prefix: str) -> None:
+        self._client = client
+        self._loc = client.loc
+        self.prefix = prefix  # ends with '/'
+
+    @property
+    def where(self) -> str:
+        return f"{SCHEME}{self._loc.bucket}/{self.prefix.rstrip('/')}"
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _list(self, limit: int | None = None) -> list[str]:
+        args: dict[str, Any] = {"Bucket": self._loc.bucket, "Prefix": self.prefix}
+        if limit:
+            args["MaxKeys"] = limit
+
+        def page(client: Any) -> dict[str, Any]:
+            return dict(client.list_objects_v2(**args))
+
+        names: list[str] = []
+        while True:
+            resp = self._client.call("ListObjectsV2", self.where, page)
+            names += [o["Key"][len(self.prefix) :] for o in resp.get("Contents", [])]
+            token = resp.get("NextContinuationToken")
+            if limit or not resp.get("IsTruncated") or not token:
+                return sorted(names)
+            args["ContinuationToken"] = token
+
+    def exists(self) -> bool:
+        return bool(self._list(limit=1))
+
+    def names(self) -> list[str]:
+        return self._list()
+
+    def read(self, name: str) -> bytes:
+        key = self._key(name)
+        return self._client.call(
+            "GetObject", name, lambda c: _read_body(c, self._loc.bucket, key)
+        )  # fmt: skip
+
+    def store(self, name: str, data: bytes) -> StoredFile:
+        parsed = parse_name(name)
+        if parsed is None or parsed.sha256 != sha256_hex(data):
+            raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+        key = self._key(name)
+        created = put_if_absent(self._client, key, name, data)
+        if not created:
+            try:
+                existing = self.read(name)
+            except FileNotFoundError:
+                existing = b""  # removed meanwhile: a conflict we cannot settle here
+            if existing != data:
+                raise FileConflict(f"{name} exists with other contents; left untouched")
+        return StoredFile(PurePosixPath(key), created, None, data)
+
+    def remove(self, names: Collection[str]) -> None:
+        for name in names:
+            key = self._key(name)
+
+            def delete(c: Any, key: str = key) -> None:
+                c.delete_object(Bucket=self._loc.bucket, Key=key)
+
+            self._client.call("DeleteObject", name, delete)
+
+    def remove_if_unconfirmed(
+        self, name: str, confirmed: Collection[str], stored: StoredFile
+    ) -> bool:
+        if name in confirmed:
+            return False
+        self.remove([name])
+        return True
+
+
+def put_if_absent(client: _Client, key: str, what: str, data: bytes) -> bool:
+    """One conditional, checksummed PUT (retried): True when this call created the key, False
+    when the first attempt found it there (412). A 412 after an attempt whose answer was lost
+    counts as created (that attempt's object is ours)."""
+    loc = client.loc
+    checksum = _checksum(data)
+    extra = _put_args(loc)
+    tries = 0
+
+    failpoints.hit("objects.before_put")
+
+    def put(c: Any) -> None:
+        nonlocal tries
+        tries += 1
+        c.put_object(
+            Bucket=loc.bucket, Key=key, Body=data, IfNoneMatch="*", ChecksumSHA256=checksum,
+            ChecksumAlgorithm="SHA256", **extra,
+        )  # fmt: skip
+
+    try:
+        client.call("PutObject", what, put)
+    except _Exists:
+        return tries > 1
+    return True
+
+
+class S3Storage:
+    """An S3 bucket prefix as an archive storage (the :class:`~storage.Storage` seam)."""
+
+    def __init__(self, loc: S3Location, *, retry_seconds: float = 20.0) -> None:
+        self.location = loc
+        self._client = _Client(loc, retry_seconds)
+
+    @property
+    def where(self) -> str:
+        return self.location.url
+
+    def _identity_key(self) -> str:
+        return self.location.key(IDENTITY_FILE)
+
+    def identity(self) -> VolumeIdentity:
+        key = self._identity_key()
+        try:
+            data = self._client.call(
+                "GetObject", self.where,
+                lambda c: _read_body(c, self.location.bucket, key),
+            )  # fmt: skip
+        except FileNotFoundError:
+            raise InvalidInput(
+                f"{self.where} is not an archive storage (no {IDENTITY_FILE})"
+            ) from None
+        return parse_identity(data, f"{self.where}/{IDENTITY_FILE}", self._root())
+
+    def identity_stamp(self) -> Hashable:
+        key = self._identity_key()
+
+        # GET, not HEAD: a HEAD's 404 does not tell a missing key from a missing bucket
+        def stamp(c: Any) -> tuple[str, str, bytes]:
+            response = c.get_object(Bucket=self.location.bucket, Key=key)
+            body = response["Body"]
+            try:
+                data = bytes(body.read())
+            finally:
+                body.close()
+            return (str(response.get("ETag")), str(response.get("LastModified")), data)
+
+        return self._client.call("GetObject", self.where, stamp)
+
+    def create_identity(self, storage_id: bytes, label: str) -> VolumeIdentity:
+        data = identity_document(storage_id, label)
+        if not put_if_absent(self._client, self._identity_key(), self.where, data):
+            current = self.identity()
+            if current.storage_id != storage_id:
+                raise ConflictError(
+                    f"{self.where} already holds storage {current.storage_id.hex()}; "
+                    "refusing to overwrite"
+                )
+            return current
+        return VolumeIdentity(self._root(), storage_id, label)
+
+    def _root(self) -> PurePosixPath:
+        """An identity's ``path``: ``/BUCKET/PREFIX`` (``where`` is the s3:// URL)."""
+        return PurePosixPath("/", self.location.bucket, self.location.prefix)
+
+    def has_identity(self, prefix: str) -> bool:
+        """Is there an identity object under ``prefix`` of this bucket (nesting check)?"""
+        key = f"{prefix}/{IDENTITY_FILE}" if prefix else IDENTITY_FILE
+        try:
+            self._client.call(
+                "HeadObject", f"{SCHEME}{self.location.bucket}/{key}",
+                lambda c: c.head_object(Bucket=self.location.bucket, Key=key),
+            )  # fmt: skip
+        except FileNotFoundError:
+            return False
+        return True
+
+    def job(self, namespace_id: bytes, job_id: bytes) -> S3Job:
+        return S3Job(self._client, self.location.key(f"{namespace_id.hex()}/{job_id.hex()}/"))
+
+
+def checksum_matches(expected_b64: str, data: bytes) -> bool:
+    """Does a base64 ``x-amz-checksum-sha256`` value name these bytes (tests, docs)?"""
+    try:
+        return base64.b64decode(expected_b64) == bytes.fromhex(sha256_hex(data))
+    except (binascii.Error, ValueError):
+        return False
+
+
+def location_doc(loc: S3Location) -> str:
+    return json.dumps(loc.to_json(), sort_keys=True)

@@ -1,0 +1,94 @@
+"""How a command resolves ``--volume``: a mounted folder, or ``s3://BUCKET/PREFIX`` -- an S3
+storage registered by ``orbit storage init``, whose endpoint, region, addressing style and
+write options come from the registry (``orbit_archive_object_storages``), so that a worker or a
+reader needs only credentials (the standard AWS chain; issue 18)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Connection
+
+from orbit_tasks.archive.engine.objects import S3Location, is_s3_url, parse_s3_url
+from orbit_tasks.archive.engine.storage import JobFiles, Storage, open_storage
+from orbit_tasks.archive.engine.volume import VolumeIdentity
+from orbit_tasks.archive.jobs import Job
+from orbit_tasks.errors import ConflictError, InvalidInput, NotFound
+from orbit_tasks.platform import store
+
+#: How long a command retries an unanswered object store before it gives up (exit 1).
+COMMAND_RETRY_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class OpenedPlace:
+    """A ``--volume`` opened and its identity read."""
+
+    given: str
+    place: Path | S3Location  # what a worker is handed (ORBIT_ARCHIVE_VOLUMES)
+    storage: Storage
+    identity: VolumeIdentity
+
+    @property
+    def where(self) -> str:
+        """The resolved folder, or the s3:// URL."""
+        return self.storage.where if isinstance(self.place, S3Location) else str(self.place)
+
+    def job(self, j: Job) -> JobFiles:
+        """Job ``j``'s directory here; exit 2 when ``j`` belongs to another storage."""
+        if self.identity.storage_id != j.storage_id:
+            raise InvalidInput(
+                f"--volume {self.given} holds storage {self.identity.storage_id.hex()}, but job "
+                f"{j.id.hex()} belongs to storage {j.storage_id.hex()}"
+            )
+        return self.storage.job(j.namespace_id, j.id)
+
+
+def location_of(doc: dict[str, object]) -> S3Location:
+    """An :class:`S3Location` from a registry row (``platform.store.object_location``)."""
+    return S3Location(**{k: doc[k] for k in store.OBJECT_LOCATION_FIELDS})  # type: ignore[arg-type]
+
+
+def registered_location(conn: Connection, url: str) -> tuple[bytes, S3Location]:
+    """The registered S3 storage at ``url`` (exit 4 when none is, exit 3 when several are)."""
+    bucket, prefix = parse_s3_url(url)
+    found = store.object_locations(conn, bucket, prefix)
+    if not found:
+        raise NotFound(
+            f"{url} is not a storage registered in this platform database "
+            f"(run 'orbit storage init {url}' with its --endpoint/--region first)"
+        )
+    if len(found) > 1:
+        endpoints = ", ".join(str(d["endpoint"]) or "AWS" for d in found)
+        raise ConflictError(f"{url} is registered on several endpoints ({endpoints})")
+    doc = found[0]
+    return bytes.fromhex(str(doc["storage_id"])), location_of(doc)
+
+
+def open_place(
+    conn: Connection, given: str, *, retry_seconds: float = COMMAND_RETRY_SECONDS
+) -> OpenedPlace:
+    """Open a ``--volume`` and read its identity (exit 2 when a folder is not a volume or an
+    identity is unreadable; an S3 identity must be the registered storage's, exit 3)."""
+    if is_s3_url(given):
+        storage_id, loc = registered_location(conn, given)
+        storage = open_storage(loc, retry_seconds=retry_seconds)
+        ident = storage.identity()
+        if ident.storage_id != storage_id:
+            raise ConflictError(
+                f"{given} holds storage {ident.storage_id.hex()}, but this database registered "
+                f"storage {storage_id.hex()} there"
+            )
+        return OpenedPlace(given, loc, storage, ident)
+    storage = open_storage(Path(given))
+    ident = storage.identity()
+    return OpenedPlace(given, Path(ident.path), storage, ident)
+
+
+def refuse_s3_options(given: str, **options: object) -> None:
+    """The S3 options of ``storage init`` are refused with a folder."""
+    used = [name for name, value in options.items() if value]
+    if used and not is_s3_url(given):
+        flags = ", ".join("--" + n.replace("_", "-") for n in used)
+        raise InvalidInput(f"{flags} only apply to an s3:// storage, not to the folder {given}")
