@@ -50,6 +50,9 @@ class Settings:
     metrics_cache_seconds: int = 15
     metrics_timeout_seconds: float = 5.0
     sender_database_configured: bool = False
+    # ORBIT_ARCHIVE_SOURCE_URL: where the archive reads history (a replica of the platform
+    # database, docs/operations.md "Read from a replica"); None: the platform database itself.
+    archive_source_url: str | None = field(default=None, repr=False)
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -126,9 +129,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sender_limits.max_http_seconds(sender_lease),
         context=f" for ORBIT_SENDER_LEASE_SECONDS={sender_lease}",
     )
+    database_url = env.get("ORBIT_DATABASE_URL") or f"sqlite:///{var_dir / 'platform.sqlite3'}"
     return Settings(
         var_dir=var_dir,
-        database_url=env.get("ORBIT_DATABASE_URL") or f"sqlite:///{var_dir / 'platform.sqlite3'}",
+        database_url=database_url,
         sender_database_url=env.get("ORBIT_SENDER_DATABASE_URL")
         or f"sqlite:///{var_dir / 'business.sqlite3'}",
         broker_url=env.get("CELERY_BROKER_URL") or "filesystem://",
@@ -150,7 +154,35 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
+        archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
     )
+
+
+_SERVER_SCHEMES = ("mysql", "mariadb")
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+
+
+def _source_url(url: str | None, database_url: str) -> str | None:
+    """``ORBIT_ARCHIVE_SOURCE_URL``: a MySQL/MariaDB replica of a MySQL/MariaDB platform
+    database (the rest of the URL is checked where its engine is made, naming the variable)."""
+    if url is None:
+        return None
+    scheme = _scheme(url)
+    if scheme not in _SERVER_SCHEMES:
+        shown = repr(scheme) if scheme else "none"
+        raise InvalidInput(
+            f"ORBIT_ARCHIVE_SOURCE_URL has the scheme {shown} (allowed: mysql:// or mariadb://, "
+            "a replica of the platform database)"
+        )
+    if _scheme(database_url) not in _SERVER_SCHEMES:
+        raise InvalidInput(
+            "ORBIT_ARCHIVE_SOURCE_URL is set but ORBIT_DATABASE_URL is not MySQL/MariaDB "
+            "(allowed: a replica of a mysql:// or mariadb:// platform database)"
+        )
+    return url
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:

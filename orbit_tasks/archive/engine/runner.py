@@ -394,10 +394,16 @@ def _carry_tail(ch: _Chain, report: VerifyReport) -> None:
 
 
 def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
-    """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total``."""
+    """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total`` (counted on
+    ``conn``: the source's connection)."""
     with conn.begin():
         total = source.count_roots(conn, job.kind, job.namespace_id, rng)
-    data = fm.build_manifest(
+    return manifest_bytes(job, rng, total), total
+
+
+def manifest_bytes(job: Job, rng: ArchiveRange, roots_total: int) -> bytes:
+    """The manifest of ``job`` for its range and ``roots_total``."""
+    return fm.build_manifest(
         namespace_id=job.namespace_id,
         job_id=job.id,
         kind=job.kind,
@@ -407,11 +413,10 @@ def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes,
         batch_size=job.batch_size,
         range_from=rng.from_,
         range_until=rng.until,
-        roots_total=total,
+        roots_total=roots_total,
         source=fm.source_descriptor(history_kind(job.kind)),
         created_at=job.created_at,
     )
-    return data, total
 
 
 def _admit(ch: _Chain, f: _File, bytes_before: int) -> ErrorCode | None:

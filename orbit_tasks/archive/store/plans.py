@@ -509,6 +509,25 @@ def tick_update_statement(writes: Sequence[TickWrite]) -> tuple[TextClause, dict
     return _tick_update_shape(size), params
 
 
+def new_job_row(plan: Plan, job_id: bytes, now: dt.datetime) -> dict[str, Any]:
+    """The row of the PENDING job a tick creates for ``plan`` at ``now``: the frozen fields
+    from the plan as seen, ``created_at = updated_at = now`` (the other columns take their
+    defaults)."""
+    return dict(
+        namespace_id=plan.namespace_id,
+        id=job_id,
+        kind=plan.kind,
+        plan_revision=plan.revision,
+        policy_revision=plan.policy_revision,
+        storage_id=plan.storage_id,
+        batch_size=plan.batch_size,
+        max_bytes=plan.max_bytes,
+        state="PENDING",
+        created_at=now,
+        updated_at=now,
+    )
+
+
 def write_tick(conn: Connection, writes: Sequence[TickWrite], now: dt.datetime) -> None:
     """Apply a tick's decisions for a page of plans in two statements: the compare-and-set
     UPDATE of every plan row, then one multi-row INSERT of the new PENDING jobs (frozen fields
@@ -520,23 +539,7 @@ def write_tick(conn: Connection, writes: Sequence[TickWrite], now: dt.datetime) 
     result = conn.execute(statement, params)
     if result.rowcount != len(writes):
         raise TickConflict(f"{len(writes) - result.rowcount} of {len(writes)} plans changed")
-    jobs = [
-        dict(
-            namespace_id=w.plan.namespace_id,
-            id=w.job_id,
-            kind=w.plan.kind,
-            plan_revision=w.plan.revision,
-            policy_revision=w.plan.policy_revision,
-            storage_id=w.plan.storage_id,
-            batch_size=w.plan.batch_size,
-            max_bytes=w.plan.max_bytes,
-            state="PENDING",
-            created_at=now,
-            updated_at=now,
-        )
-        for w in writes
-        if w.job_id is not None
-    ]
+    jobs = [new_job_row(w.plan, w.job_id, now) for w in writes if w.job_id is not None]
     if jobs:
         conn.execute(insert(archive_jobs), jobs)
 
