@@ -20,7 +20,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import Connection
 
 from orbit_tasks.db.engine import is_mysql
@@ -105,14 +105,13 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
             raise ConflictError(
                 f"{spec.database}: {unknown_revision(previous, head_revision(chain))}"
             )
-        created: list[str] = []
+        existed = set(inspect(conn).get_table_names())
         adopted: list[str] = []
         if previous in (None, spec.baseline):
             baseline = spec.baseline_metadata()
             found = compare_tables(conn, baseline)
             if found.differences:
                 raise SchemaMismatch(_mismatch_message(spec.database, spec.baseline, found))
-            created = found.missing
             if found.present or previous is not None:  # else a fresh database: revisions run
                 for statement in create_statements(baseline, only=found.missing):
                     conn.execute(statement)
@@ -120,6 +119,9 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
                     adopted = found.present
                     _alembic(conn, chain, "stamp", spec.baseline)
         _alembic(conn, chain, "upgrade", "head")
+        # every table of the head that did not exist before: the baseline's missing ones and
+        # those of later revisions (p0001 -> p0002 creates the control tables)
+        created = [t.name for t in spec.head_metadata().sorted_tables if t.name not in existed]
         result = UpgradeResult(
             chain, previous, head_revision(chain), tuple(created), tuple(adopted)
         )

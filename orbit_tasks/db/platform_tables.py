@@ -15,6 +15,7 @@ from sqlalchemy import (
     Index,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     UniqueConstraint,
     false,
@@ -22,6 +23,7 @@ from sqlalchemy import (
 )
 
 from orbit_tasks.db.types import (
+    Ascii,
     Bool,
     DateTime6,
     Hex64,
@@ -291,5 +293,96 @@ credentials = Table(
     UniqueConstraint("token_sha256", name="uq_credential_token"),
     Index("ix_credential_namespace", "namespace_id", "created_at"),
     comment="API tokens, stored as SHA-256, bound to one namespace and a queue allow-list",
+    **MYSQL_TABLE,
+)
+
+# --- revision p0002: archive controls (issue 16, docs/archive-controls.md) ----------------------
+
+archive_controls = Table(
+    "orbit_archive_controls",
+    metadata,
+    Column("control", Str(16), nullable=False, comment="pause, throttle or window"),
+    Column(
+        "scope",
+        Ascii(96),
+        nullable=False,
+        comment="canonical scope key storage/namespace/kind, * for any",
+    ),
+    Column("storage_id", Id16(), nullable=True, comment="NULL = every storage"),
+    Column("namespace_id", Id16(), nullable=True, comment="NULL = every namespace"),
+    Column("kind", Str(16), nullable=True, comment="NULL = every kind"),
+    Column("max_roots_per_second", UInt(), nullable=True, comment="throttle only"),
+    Column(
+        "windows",
+        Ascii(255),
+        nullable=False,
+        server_default=text("''"),
+        comment="window only: HH:MM-HH:MM[,...] UTC",
+    ),
+    Column("reason", Str(255), nullable=False, server_default=text("''")),
+    Column("actor", Str(128), nullable=False),
+    Column("since", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("control", "scope"),
+    CheckConstraint("control IN ('pause','throttle','window')", name="ck_archive_control_kind"),
+    comment="operator controls of archive jobs: pauses, throttles, run windows",
+    **MYSQL_TABLE,
+)
+
+control_generation = Table(
+    "orbit_archive_control_generation",
+    metadata,
+    Column("id", SmallInteger(), nullable=False, autoincrement=False, comment="always 1"),
+    Column("generation", UBigInt(), nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("id"),
+    comment="bumped by every control change; a missing row reads as 0",
+    **MYSQL_TABLE,
+)
+
+throttle_buckets = Table(
+    "orbit_archive_throttle_buckets",
+    metadata,
+    Column("scope", Ascii(96), nullable=False, comment="the throttle's scope key"),
+    Column(
+        "ready_at",
+        DateTime6(),
+        nullable=False,
+        comment="database time when the roots taken so far are paid for",
+    ),
+    PrimaryKeyConstraint("scope"),
+    comment="shared rate budget of a throttle, taken by compare-and-set",
+    **MYSQL_TABLE,
+)
+
+job_waits = Table(
+    "orbit_archive_job_waits",
+    metadata,
+    Column("namespace_id", Id16(), nullable=False),
+    Column("job_id", Id16(), nullable=False),
+    Column("reason", Str(16), nullable=False),
+    Column("since", DateTime6(), nullable=True, comment="start of the open wait, NULL = none"),
+    Column(
+        "waited_us",
+        UBigInt(),
+        nullable=False,
+        server_default=text("0"),
+        comment="microseconds of the closed waits",
+    ),
+    Column("updated_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("namespace_id", "job_id", "reason"),
+    CheckConstraint(
+        "reason IN ('paused','throttled','db_load','replica_lag','window')",
+        name="ck_archive_wait_reason",
+    ),
+    comment="seconds an archive job waited before a claim, by reason",
+    **MYSQL_TABLE,
+)
+
+heartbeat = Table(
+    "orbit_archive_heartbeat",
+    metadata,
+    Column("id", SmallInteger(), nullable=False, autoincrement=False, comment="always 1"),
+    Column("beat_at", DateTime6(), nullable=False, comment="primary clock at the last beat"),
+    PrimaryKeyConstraint("id"),
+    comment="written by the tick on the primary, read back on a replica",
     **MYSQL_TABLE,
 )

@@ -1,8 +1,9 @@
-"""Revision 0001 of both chains builds its tables from its own frozen copy (SPEC §12).
+"""Every revision builds its tables from its own frozen copy (SPEC §12).
 
-Today the frozen copy and the live table modules agree exactly (every CREATE TABLE / CREATE
-INDEX for MySQL 8, MariaDB and SQLite); a later change of a live module cannot change what the old
-revision creates (proved in a fresh interpreter that changes a live table and renders p0001).
+Today the frozen copies (p0001 + p0002 for the platform chain, b0001 for the business chain)
+and the live table modules agree exactly (every CREATE TABLE / CREATE INDEX for MySQL 8, MariaDB
+and SQLite); a later change of a live module cannot change what an old revision creates (proved
+in a fresh interpreter that changes live tables and renders the chain).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy.engine import Dialect
 from orbit_tasks.db import business_tables, history_tables, platform_tables
 from orbit_tasks.db.migrations.business import b0001_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
-from orbit_tasks.db.migrations.platform import p0001_tables
+from orbit_tasks.db.migrations.platform import p0001_tables, p0002_tables
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "orbit_tasks" / "db" / "migrations"
 DIALECTS: dict[str, Dialect] = {
@@ -36,29 +37,48 @@ LIVE_MODULES = {
 }
 
 
-def _ddl(metadata: MetaData, dialect: Dialect) -> list[str]:
-    return [str(stmt.compile(dialect=dialect)) for stmt in create_statements(metadata)]
+def _ddl(metadata: MetaData, dialect: Dialect) -> dict[str, list[str]]:
+    """Table name -> its CREATE TABLE and CREATE INDEX statements."""
+    out: dict[str, list[str]] = {}
+    for stmt in create_statements(metadata):
+        table = getattr(stmt.target, "table", stmt.target)  # an index's table, or the table
+        out.setdefault(table.name, []).append(str(stmt.compile(dialect=dialect)))
+    return out
+
+
+FROZEN = {
+    "platform": (p0001_tables.metadata, p0002_tables.metadata),
+    "business": (b0001_tables.metadata,),
+}
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("chain", ["platform", "business"])
-def test_frozen_revision_agrees_with_live_modules(chain: str, dialect: str) -> None:
+def test_frozen_revisions_agree_with_live_modules(chain: str, dialect: str) -> None:
     assert history_tables.tasks.metadata is platform_tables.metadata  # registered on it
-    frozen, live = {
-        "platform": (p0001_tables.metadata, platform_tables.metadata),
-        "business": (b0001_tables.metadata, business_tables.metadata),
-    }[chain]
-    assert list(frozen.tables) == list(live.tables)
-    assert _ddl(frozen, DIALECTS[dialect]) == _ddl(live, DIALECTS[dialect])
+    live = {"platform": platform_tables.metadata, "business": business_tables.metadata}[chain]
+    frozen: dict[str, list[str]] = {}
+    for revision in FROZEN[chain]:
+        ddl = _ddl(revision, DIALECTS[dialect])
+        assert not set(ddl) & set(frozen), "a table created by two revisions"
+        frozen.update(ddl)
+    assert sorted(frozen) == sorted(live.tables)
+    assert frozen == _ddl(live, DIALECTS[dialect])
+
+
+def test_p0002_creates_only_new_tables() -> None:
+    """p0002 adds tables; it never recreates a p0001 (or seed) table."""
+    assert not set(p0002_tables.metadata.tables) & set(p0001_tables.metadata.tables)
+    assert "orbit_archive_heartbeat" in p0002_tables.metadata.tables
 
 
 def test_revision_files_never_import_the_live_table_modules() -> None:
     files = [
         *MIGRATIONS.glob("*/versions/*.py"),
-        *MIGRATIONS.glob("*/?0001_tables.py"),
+        *MIGRATIONS.glob("*/?000?_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 5
+    assert len(files) == 7
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
@@ -70,17 +90,19 @@ def test_revision_files_never_import_the_live_table_modules() -> None:
         assert not imported & LIVE_MODULES, (path.name, imported & LIVE_MODULES)
 
 
-def test_changing_a_live_table_does_not_change_revision_0001() -> None:
+def test_changing_a_live_table_does_not_change_the_revisions() -> None:
     script = """
 from sqlalchemy import Column, Integer
 from orbit_tasks.db.migrate import render_sql
-from orbit_tasks.db.platform_tables import archive_jobs
+from orbit_tasks.db.platform_tables import archive_controls, archive_jobs
 from orbit_tasks.db.business_tables import sender_jobs
 before = render_sql("platform", "mysql+mysqldb://u@h/x") + render_sql("business", "sqlite://")
 archive_jobs.append_column(Column("added_later", Integer))
+archive_controls.append_column(Column("added_later", Integer))
 sender_jobs.append_column(Column("added_later", Integer))
 after = render_sql("platform", "mysql+mysqldb://u@h/x") + render_sql("business", "sqlite://")
 assert "CREATE TABLE orbit_archive_jobs" in after and "CREATE TABLE sender_jobs" in after
+assert "CREATE TABLE orbit_archive_controls" in after
 print("same" if before == after and "added_later" not in after else "changed")
 """
     out = subprocess.run(

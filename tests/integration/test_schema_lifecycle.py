@@ -13,11 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from alembic import command
 from sqlalchemy import create_engine, text
 
 from orbit_tasks.db.business_tables import metadata as business_metadata
 from orbit_tasks.db.engine import make_engine
-from orbit_tasks.db.migrate import UpgradeResult, upgrade
+from orbit_tasks.db.migrate import UpgradeResult, alembic_config, upgrade
 from orbit_tasks.sender import enqueue
 from tests.support.cli import invoke_orbit, orbit_env, run_orbit
 from tests.support.db import mariadb_database
@@ -84,7 +85,7 @@ def test_upgrade_adopts_hand_created_seed_tables_without_touching_a_row(chain: s
         after = mariadb_snapshot(url)
 
         assert result["action"] == "adopted" and sorted(result["adopted"]) == sorted(before)
-        assert len(result["created"]) == (15 if chain == "platform" else 0)
+        assert len(result["created"]) == (20 if chain == "platform" else 0)
         for table, snap in before.items():
             assert after[table] == snap, f"{table} was changed"
         version = "orbit_alembic_version" if chain == "platform" else "sender_alembic_version"
@@ -204,11 +205,11 @@ def test_an_empty_version_table_left_by_older_releases_is_adopted() -> None:
                 )
             )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0001", 2)
+        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0002", 2)
         with engine.connect() as conn:
             versions = conn.execute(text("SELECT version_num FROM orbit_alembic_version")).all()
         engine.dispose()
-        assert [v[0] for v in versions] == ["p0001"]
+        assert [v[0] for v in versions] == ["p0002"]
 
 
 @pytest.mark.mariadb
@@ -219,17 +220,18 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         assert json.loads(current.stdout) == {
             "at_head": False,
             "database": "platform",
-            "head": "p0001",
+            "head": "p0002",
             "revision": None,
         }
         fresh = invoke_orbit(["db", "check"], env)
         assert fresh.exit_code == 1
-        assert "missing tables: orbit_archive_jobs, orbit_archive_plans" in fresh.stdout
+        missing = "missing tables: orbit_archive_control_generation, orbit_archive_controls"
+        assert missing in fresh.stdout
         assert invoke_orbit(["db", "upgrade"], env).stdout.strip() == (
-            "platform database: created 17 tables; revision p0001 recorded"
+            "platform database: created 22 tables; revision p0002 recorded"
         )
         assert invoke_orbit(["db", "current"], env).stdout.strip() == (
-            "platform database: revision p0001 (head)"
+            "platform database: revision p0002 (head)"
         )
         ok = invoke_orbit(["db", "check", "--json"], env)
         assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True
@@ -249,6 +251,54 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         assert newer.exit_code == 1 and "revision p0099 is recorded but unknown" in newer.stdout
         refused = invoke_orbit(["db", "upgrade"], env)
         assert refused.exit_code == 3 and "p0099" in refused.stderr
+
+
+@pytest.mark.mariadb
+def test_a_p0001_database_with_rows_upgrades_to_p0002() -> None:
+    """A database migrated to p0001 by an earlier release, with rows in the seed and platform
+    tables: `db check` asks for the upgrade, `db upgrade` creates the five control tables and
+    records p0002, and no existing row changes."""
+    with mariadb_database("orbit_p1") as url:
+        engine = make_engine(url)
+        with engine.connect() as conn, conn.begin():
+            cfg = alembic_config("platform")
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "p0001")
+        with engine.begin() as conn:
+            conn.execute(text(PLAN_ROW))
+            conn.execute(text(JOB_ROW))
+            conn.execute(
+                text(
+                    "INSERT INTO orbit_namespaces (id, name) VALUES (UNHEX(REPEAT('ab', 16)), 'n1')"
+                )
+            )
+        engine.dispose()
+        before = mariadb_snapshot(url)
+        env = orbit_env(url, url)
+        stale = invoke_orbit(["db", "check"], env)
+        assert stale.exit_code == 1
+        assert "revision p0001 is recorded, head is p0002; run `orbit db upgrade`" in stale.stdout
+        done = run_orbit(["db", "upgrade", "--json"], env)
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0002", [])
+        assert sorted(result["created"]) == [
+            "orbit_archive_control_generation",
+            "orbit_archive_controls",
+            "orbit_archive_heartbeat",
+            "orbit_archive_job_waits",
+            "orbit_archive_throttle_buckets",
+        ]
+        human = invoke_orbit(["db", "upgrade"], env)
+        assert (
+            human.stdout.strip()
+            == "platform database: already current (revision p0002); nothing changed"
+        )
+        after = mariadb_snapshot(url)
+        for table, snap in before.items():
+            if table != "orbit_alembic_version":
+                assert after[table] == snap, f"{table} was changed"
+        assert invoke_orbit(["db", "check"], env).exit_code == 0
 
 
 @pytest.mark.mariadb

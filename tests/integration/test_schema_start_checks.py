@@ -50,8 +50,8 @@ def test_processes_refuse_to_start_on_missing_tables(empty_url: str, tmp_path: P
     volume = tmp_path / "volume"
     volume.mkdir()
     env = orbit_env(empty_url, empty_url, ORBIT_VAR_DIR=str(tmp_path / "var"))
-    platform = "platform database: table orbit_archive_jobs is missing (and 16 more); "
-    platform += "run `orbit db upgrade`"
+    platform = "platform database: table orbit_archive_control_generation is missing "
+    platform += "(and 21 more); run `orbit db upgrade`"
     business = "business database: table sender_jobs is missing (and 1 more); "
     business += "run `orbit sender db upgrade`"
     cases = {
@@ -75,8 +75,8 @@ def test_celery_started_directly_refuses_too(empty_url: str, tmp_path: Path) -> 
     env = orbit_env(
         empty_url, empty_url, ORBIT_VAR_DIR=str(tmp_path / "var"), CELERY_BROKER_URL=REDIS_URL
     )
-    platform = "error: platform database: table orbit_archive_jobs is missing (and 16 more); "
-    platform += "run `orbit db upgrade`"
+    platform = "error: platform database: table orbit_archive_control_generation is missing "
+    platform += "(and 21 more); run `orbit db upgrade`"
     business = "error: business database: table sender_jobs is missing (and 1 more); "
     business += "run `orbit sender db upgrade`"
     celery = [str(REPO / ".venv/bin/python"), "-m", "celery", "-A", "orbit_tasks.celery_app"]
