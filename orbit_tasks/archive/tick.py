@@ -1,4 +1,4 @@
-"""One archive tick (SPEC §7): due plans -> jobs, then the sweep -> wake-ups.
+"""One archive tick (SPEC §7): due plans -> jobs, the replica heartbeat, then the sweep -> wake-ups.
 
 Beat's ``orbit.archive.tick`` task and ``orbit archive tick`` both call :func:`run_tick`.
 
@@ -85,6 +85,9 @@ def run_tick(
         report.storages = len(storages)
         for storage_id in storages:
             _create_jobs(engine, storage_id, clock, report)
+        stage = "heartbeat"
+        with engine.begin() as conn:  # after the jobs: a replica showing it has them all
+            plan_store.write_heartbeat(conn, clock)
         stage = "sweep"
         budget = settings.archive_wakeups_per_tick
         _sweep_and_publish(engine, storages, budget, publish, clock, report)

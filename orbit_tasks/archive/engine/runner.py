@@ -65,6 +65,7 @@ from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.db.engine import DB_CLOCK, Clock, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.db.registry import source_engine as registry_source_engine
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
@@ -114,6 +115,7 @@ class _Chain:
 
     engine: Engine
     conn: Connection  # the chain's one connection for its claims and confirms
+    source_db: Engine  # where history is read: the replica, or ``engine`` itself
     claim: store.Claim
     volume: Path
     directory: Path
@@ -133,14 +135,20 @@ def run_job(
     settings: Settings,
     *,
     engine: Engine | None = None,
+    source_engine: Engine | None = None,
     publish: Publisher | None = None,
     clock: Clock = DB_CLOCK,
 ) -> Outcome:
-    """Handle one wake-up. Returns an outcome word (for logs and tests): ``missing``,
+    """Handle one wake-up; plans, leases and confirms on ``engine`` (the platform database),
+    the manifest's count and every batch read on ``source_engine`` (``ORBIT_ARCHIVE_SOURCE_URL``,
+    a replica; default: the registry's source when ``engine`` is the registry's too, else
+    ``engine``). Returns an outcome word (for logs and tests): ``missing``,
     ``not_mounted``, ``not_claimed``, ``succeeded``, ``failed``, ``released``, ``lease_lost``,
     ``transient``."""
     if engine is None:
         engine = platform_engine()
+        source_engine = source_engine or registry_source_engine()
+    source_engine = source_engine or engine
     ns_id, job_id = from_hex(ns_hex, "namespace id"), from_hex(job_hex, "job id")
     try:
         with engine.connect() as conn:
@@ -171,8 +179,8 @@ def run_job(
             )
             failpoints.hit("archive.after_claim")
             ch = _Chain(
-                engine, conn, c, Path(volume), job_dir(Path(volume), ns_id, job_id), settings,
-                clock, time.monotonic() + settings.archive_slice_seconds,
+                engine, conn, source_engine, c, Path(volume), job_dir(Path(volume), ns_id, job_id),
+                settings, clock, time.monotonic() + settings.archive_slice_seconds,
             )  # fmt: skip
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
@@ -250,7 +258,7 @@ def _claims(ch: _Chain) -> Outcome:
             ch.rng = store.job_range(ch.conn, ch.claim.job)  # once per chain (POLICY_MISSING)
         _verify_prefix(ch)  # step 2
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
-            data, total = manifest_file(ch.conn, ch.claim.job, ch.rng)
+            data, total = _source_manifest(ch)
             sha = fv.sha256_hex(data)
             manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
@@ -297,7 +305,7 @@ def _batches(ch: _Chain) -> Outcome:
     job = ch.claim.job
     assert ch.rng is not None
     with (
-        ReadAhead(ch.engine, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead,
+        ReadAhead(ch.source_db, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead,
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
         upcoming: PreparedBatch | None | NotReady = ahead.next()
@@ -391,6 +399,16 @@ def _carry_tail(ch: _Chain, report: VerifyReport) -> None:
     final batch, or the manifest of a range without roots)."""
     ch.cursor = report.cursor
     ch.tail_final = report.final or (report.batches == 0 and report.roots_total == 0)
+
+
+def _source_manifest(ch: _Chain) -> tuple[bytes, int]:
+    """The manifest, its roots counted on the source (the chain's own connection when the
+    source is the platform database)."""
+    assert ch.rng is not None
+    if ch.source_db is ch.engine:
+        return manifest_file(ch.conn, ch.claim.job, ch.rng)
+    with ch.source_db.connect() as conn:
+        return manifest_file(conn, ch.claim.job, ch.rng)
 
 
 def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
@@ -535,7 +553,7 @@ def _loop(
     with engine.connect() as conn:
         conn = single_statements(conn)
         ch = _Chain(
-            engine, conn, c, volume, job_dir(volume, c.job.namespace_id, c.job.id), settings,
-            clock, time.monotonic() + settings.archive_slice_seconds,
+            engine, conn, engine, c, volume, job_dir(volume, c.job.namespace_id, c.job.id),
+            settings, clock, time.monotonic() + settings.archive_slice_seconds,
         )  # fmt: skip
         return _run_chain(ch, publish)

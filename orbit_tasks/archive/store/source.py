@@ -27,6 +27,7 @@ from orbit_tasks.archive.format.lines import LineEncoder
 from orbit_tasks.archive.format.values import parse_ts
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.engine import is_mysql
+from orbit_tasks.db.platform_tables import heartbeat
 from orbit_tasks.platform.history import ChildSpec, HistoryKind, history_kind
 
 #: DATE_FORMAT spelling of the archive's ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (SPEC §6).
@@ -235,3 +236,8 @@ def settled_span(
     if first is None:
         return None
     return first, last  # typed by the column (SQLAlchemy's min/max keep the argument's type)
+
+
+def replica_beat(conn: Connection) -> datetime | None:
+    """The last tick's heartbeat as the source has applied it (None: not yet replicated)."""
+    return conn.execute(select(func.max(heartbeat.c.beat_at))).scalar()
