@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,6 +51,11 @@ class Settings:
     metrics_cache_seconds: int = 15
     metrics_timeout_seconds: float = 5.0
     sender_database_configured: bool = False
+    # Issue 16 (docs/archive-controls.md): the load guard (None = off) and who changes controls.
+    archive_max_threads_running: int | None = None
+    operator: str = "operator"
+    # The archive controls on the hot path; off only in the bench's baseline (never from env).
+    archive_controls: bool = True
     # ORBIT_ARCHIVE_SOURCE_URL: where the archive reads history (a replica of the platform
     # database, docs/operations.md "Read from a replica"); None: the platform database itself.
     archive_source_url: str | None = field(default=None, repr=False)
@@ -154,8 +160,24 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
+        archive_max_threads_running=(
+            None
+            if not env.get("ORBIT_ARCHIVE_MAX_THREADS_RUNNING")
+            else _int(env, "ORBIT_ARCHIVE_MAX_THREADS_RUNNING", 0, 0, 100000)
+        ),
+        operator=env.get("ORBIT_OPERATOR") or env.get("ORBIT_ACTOR") or _os_user(env),
         archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
     )
+
+
+def _os_user(env: Mapping[str, str]) -> str:
+    """The OS user running the command (``$USER``, else the password database)."""
+    if env.get("USER"):
+        return env["USER"]
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return "operator"
 
 
 _SERVER_SCHEMES = ("mysql", "mariadb")

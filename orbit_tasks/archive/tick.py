@@ -28,6 +28,7 @@ from sqlalchemy import Connection, Engine
 
 from orbit_tasks.archive import plans as plan_rules
 from orbit_tasks.archive.plans import TickAction
+from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.db.engine import DB_CLOCK, Clock
@@ -54,6 +55,7 @@ class TickReport:
     namespace_inactive: list[tuple[str, str]] = field(default_factory=list)
     lost: int = 0  # compare-and-set lost: another tick or an operator changed the plan first
     wakeups_published: int = 0
+    paused_storages: int = 0  # storages paused as a whole: no wake-ups published for them
     now: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -311,14 +313,22 @@ def _sweep_and_publish(
     report: TickReport,
 ) -> None:
     """At most ``budget`` wake-ups in total; each storage gets an equal share first, and what a
-    quiet storage leaves over goes to the following ones."""
+    quiet storage leaves over goes to the following ones. Jobs of paused scopes get none (a
+    storage paused as a whole is skipped); jobs waiting for another reason get theirs as
+    before, so that they run again within a tick of the reason ending."""
     remaining = budget
+    with engine.connect() as conn:
+        paused = control_store.pauses(conn)
     for index, storage_id in enumerate(storages):
         if remaining <= 0:
             return
+        where = control_store.not_paused(storage_id, paused)
+        if where is None:
+            report.paused_storages += 1
+            continue
         share = min(remaining, math.ceil(remaining / (len(storages) - index)))
         with engine.connect() as conn:
-            found = plan_store.sweep(conn, storage_id, clock.now(conn), share)
+            found = plan_store.sweep(conn, storage_id, clock.now(conn), share, where)
         for job in found:
             publish(storage_id, job.namespace_id, job.job_id, kind=job.kind)
             report.wakeups_published += 1

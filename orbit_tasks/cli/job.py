@@ -17,14 +17,17 @@ from typing import Any
 import click
 
 from orbit_tasks.archive import claims
+from orbit_tasks.archive import controls as control_rules
 from orbit_tasks.archive.engine.verify import export_roots, verify_job_dir
 from orbit_tasks.archive.engine.volume import job_dir, read_identity
 from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
+from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import publish_wakeup
-from orbit_tasks.cli.common import SIZE, emit, emit_list, json_option
+from orbit_tasks.cli.common import SIZE, emit, emit_list, iso_utc, json_option
+from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.ids import from_hex
@@ -47,6 +50,40 @@ def _load(ns: str, job: str) -> tuple[bytes, Job]:
     with platform_engine().connect() as conn:
         namespace = resolve_namespace(conn, ns)
         return namespace.id, store.require_job(conn, namespace.id, from_hex(job, "job id"))
+
+
+def _statistics(j: Job) -> dict[str, Any]:
+    """Elapsed time (created to now, or to the last change of a finished job), roots/s over
+    it, and the seconds waited by reason (an open wait counts while the job is PENDING)."""
+    with platform_engine().connect() as conn:
+        now = db_now(conn)
+        rows = control_store.job_waits(conn, j.namespace_id, j.id)
+    final = j.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.ABANDONED)
+    end = j.updated_at if final else now
+    elapsed = max(0.0, (end - j.created_at).total_seconds())
+    totals = control_rules.wait_totals(rows, now, open_counts=j.state is JobState.PENDING)
+    rate = control_rules.roots_per_second(j.roots, elapsed)
+    return {
+        "elapsed_seconds": round(elapsed, 3),
+        "roots_per_second": None if rate is None else round(rate, 1),
+        "waited_seconds": {r.value: round(v, 3) for r, v in totals.seconds.items()},
+        "waiting": None if totals.waiting is None else totals.waiting.value,
+        "waiting_since": iso_utc(totals.waiting_since),
+    }
+
+
+def _statistics_text(st: dict[str, Any]) -> list[tuple[str, Any]]:
+    waited = ", ".join(f"{r} {v:g}s" for r, v in st["waited_seconds"].items() if v) or "none"
+    waiting = st["waiting"] or "-"
+    if st["waiting"]:
+        waiting += f" (since {st['waiting_since']})"
+    rate = "-" if st["roots_per_second"] is None else f"{st['roots_per_second']:g}"
+    return [
+        ("elapsed", f"{st['elapsed_seconds']:g}s"),
+        ("roots/s", rate),
+        ("waited", waited),
+        ("waiting", waiting),
+    ]
 
 
 def _range_view(job: Job) -> dict[str, Any] | None:
@@ -106,6 +143,7 @@ def job_show(ns: str, job: str, as_json: bool) -> None:
     _, j = _load(ns, job)
     data = j.as_dict()
     data["range"] = _range_view(j)
+    data["statistics"] = _statistics(j)
     emit(data, as_json, _show_text)
 
 
@@ -132,6 +170,7 @@ def _show_text(data: dict[str, Any]) -> str:
         ("lease_until", data["lease_until"] or "-"),
         ("created_at", data["created_at"]),
         ("updated_at", data["updated_at"]),
+        *_statistics_text(data["statistics"]),
     ]
     return "\n".join(f"{key:<16}{value}" for key, value in rows)
 
@@ -164,12 +203,14 @@ def job_watch(ns: str, job: str, interval: float, timeout: float | None, as_json
     while True:
         with platform_engine().connect() as conn:
             j = store.require_job(conn, ns_id, j.id)
-        seen = (j.state, j.error_code, j.revision, j.attempts, j.batches, j.roots, j.bytes)
+        st = _statistics(j)
+        seen = (j.state, j.error_code, j.revision, j.attempts, j.batches, j.roots, j.bytes,
+                st["waiting"])  # fmt: skip
         if seen != last:
             if as_json:
-                emit({**j.as_dict(), "total_roots": total}, True)
+                emit({**j.as_dict(), "total_roots": total, "statistics": st}, True)
             else:
-                click.echo(_progress(j, total))
+                click.echo(_progress(j, total, st))
             last = seen
         if j.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.ABANDONED):
             raise SystemExit(0 if j.state is JobState.SUCCEEDED else 1)
@@ -179,7 +220,7 @@ def job_watch(ns: str, job: str, interval: float, timeout: float | None, as_json
         time.sleep(interval)
 
 
-def _progress(j: Job, total: int | None) -> str:
+def _progress(j: Job, total: int | None, st: dict[str, Any]) -> str:
     width = 30
     if total:
         done = min(width, int(width * j.roots / total))
@@ -187,7 +228,12 @@ def _progress(j: Job, total: int | None) -> str:
     else:
         bar = f"{j.roots} roots" + ("" if total is None else "/0")
     err = f" {j.error_code}" if j.error_code else ""
-    return f"{j.state.value}{err} {bar} batches={j.batches} bytes={j.bytes} attempts={j.attempts}"
+    rate = "-" if st["roots_per_second"] is None else f"{st['roots_per_second']:g}"
+    waiting = f" waiting={st['waiting']}" if st["waiting"] else ""
+    return (
+        f"{j.state.value}{err} {bar} batches={j.batches} bytes={j.bytes} attempts={j.attempts} "
+        f"elapsed={st['elapsed_seconds']:g}s roots/s={rate}{waiting}"
+    )
 
 
 @job_group.command("retry")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from orbit_tasks.archive.controls import WaitReason
 from orbit_tasks.archive.jobs import ErrorCode, JobState
 from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE, queue_name
 from orbit_tasks.sender import policy
@@ -43,7 +44,11 @@ CONTRACT_METRICS = (
     "orbit_outbox_oldest_pending_seconds",
     "orbit_outbox_rows_near_deadline",
 )
-EXTRA_METRICS = ("orbit_source_read_seconds", "orbit_archive_confirmed_bytes")
+EXTRA_METRICS = (
+    "orbit_source_read_seconds",
+    "orbit_archive_confirmed_bytes",
+    "orbit_archive_jobs_waiting",
+)
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
 
 
@@ -59,6 +64,8 @@ class PlatformReading:
     leases_expired: Mapping[bytes, int]  # storage -> RUNNING jobs with lease_until < now
     pending_since: Mapping[bytes, dt.datetime]  # storage -> oldest updated_at of a PENDING job
     plans_overdue: Mapping[bytes, int]  # storage -> enabled plans due before now - 2 ticks
+    # (storage, reason) -> PENDING jobs with an open wait (issue 16, docs/archive-controls.md)
+    waiting: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,16 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
         for storage in p.storages:
             fam.add_metric([storage.hex()], value(storage))
         yield fam
+    waiting = GaugeMetricFamily(
+        "orbit_archive_jobs_waiting",
+        "PENDING archive jobs waiting for a control or the load guard, by reason",
+        labels=["storage", "reason"],
+    )
+    for storage in p.storages:
+        for reason in WaitReason:
+            n = p.waiting.get((storage, reason.value), 0)
+            waiting.add_metric([storage.hex(), reason.value], float(n))
+    yield waiting
 
 
 def _queues(b: BrokerReading, storages: Sequence[bytes]) -> Iterator[Metric]:

@@ -14,13 +14,14 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import make_url
 
 from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.db.engine import db_now, is_mysql, make_engine
 from orbit_tasks.metrics import store
 from orbit_tasks.metrics.families import NEAR_DEADLINE, BusinessReading, PlatformReading
@@ -125,7 +126,9 @@ class PlatformSource:
             overdue = store.overdue_plans(
                 conn, storages, now - dt.timedelta(seconds=2 * self.tick_seconds)
             )
-        return _assemble(now, storages, tally.counts, recent, active, overdue)
+            waiting = control_store.waiting_counts(conn)
+        reading = _assemble(now, storages, tally.counts, recent, active, overdue)
+        return replace(reading, waiting=waiting)
 
     def _terminal_tally(self, conn: Connection, now: dt.datetime) -> _Tally:
         tally = self._tally

@@ -38,7 +38,9 @@ from sqlalchemy import Connection, Engine
 from orbit_tasks import failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
-from orbit_tasks.archive.engine import leftovers, verify
+from orbit_tasks.archive.controls import WaitReason
+from orbit_tasks.archive.engine import gate, leftovers, verify
+from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
 from orbit_tasks.archive.engine.volume import (
     IDENTITY_FILE,
@@ -59,10 +61,11 @@ from orbit_tasks.archive.jobs import (
     JobFailure,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
-from orbit_tasks.db.engine import DB_CLOCK, Clock, single_statements
+from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.db.registry import source_engine as registry_source_engine
@@ -86,6 +89,8 @@ class Outcome(enum.StrEnum):
     RELEASED = "released"  # the time slice is over: PENDING again, a continuation wake-up sent
     LEASE_LOST = "lease_lost"  # a fenced write matched no row: stopped, nothing more written
     TRANSIENT = "transient"  # a transient database fault: stopped, the lease will expire
+    WAITING = "waiting"  # a control or the load guard says wait: not claimed, the wait recorded
+    STOPPED = "stopped"  # the same found at a batch boundary: released to PENDING, wait recorded
     CHAINED = "chained"  # internal: a confirm that took the next claim in the same statement
 
 
@@ -122,6 +127,7 @@ class _Chain:
     settings: Settings
     clock: Clock
     deadline: float  # monotonic end of the time slice
+    gate: Gate | None = None  # the controls of the chain (None: off, the bench's baseline)
     rng: ArchiveRange | None = None  # derived once per chain
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
@@ -142,9 +148,10 @@ def run_job(
     """Handle one wake-up; plans, leases and confirms on ``engine`` (the platform database),
     the manifest's count and every batch read on ``source_engine`` (``ORBIT_ARCHIVE_SOURCE_URL``,
     a replica; default: the registry's source when ``engine`` is the registry's too, else
-    ``engine``). Returns an outcome word (for logs and tests): ``missing``,
-    ``not_mounted``, ``not_claimed``, ``succeeded``, ``failed``, ``released``, ``lease_lost``,
-    ``transient``."""
+    ``engine``). Returns an outcome word (for logs and tests): ``missing``, ``not_mounted``,
+    ``not_claimed``, ``waiting``, ``succeeded``, ``failed``, ``released``, ``stopped``,
+    ``lease_lost``, ``transient``."""
+    started = time.monotonic()
     if engine is None:
         engine = platform_engine()
         source_engine = source_engine or registry_source_engine()
@@ -165,10 +172,18 @@ def run_job(
                     storage_id=job.storage_id,
                 )  # fmt: skip
                 return Outcome.NOT_MOUNTED
+            g = None
+            if settings.archive_controls:
+                g = gate.open_gate(conn, gate.view(job), settings, clock)
+                if _wait_before_claim(conn, g, job, started) is not None:
+                    return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
                 return Outcome.NOT_CLAIMED
+            if g is not None and g.open_wait:
+                with atomic(conn):
+                    control_store.close_waits(conn, ns_id, job_id, c.claimed_at)
             log_action(
                 log,
                 "archive.job.takeover" if c.takeover else "archive.job.claimed",
@@ -180,7 +195,7 @@ def run_job(
             failpoints.hit("archive.after_claim")
             ch = _Chain(
                 engine, conn, source_engine, c, Path(volume), job_dir(Path(volume), ns_id, job_id),
-                settings, clock, time.monotonic() + settings.archive_slice_seconds,
+                settings, clock, started + settings.archive_slice_seconds, g,
             )  # fmt: skip
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
@@ -197,6 +212,28 @@ def run_job(
         raise
 
 
+def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
+    """Ask the checks before claiming (a waiting job is never claimed to find out). A short
+    throttle wait is slept here, holding no claim, within the first half of the slice; any
+    other reason is recorded as the job's wait and returned."""
+    budget = started + g.settings.archive_slice_seconds / 2
+    while True:
+        reason, wait = g.before_claim(conn)
+        if reason is None:
+            return None
+        short = wait <= gate.MAX_SLEEP_BEFORE_CLAIM and time.monotonic() + wait < budget
+        if reason is not WaitReason.THROTTLED or not short:
+            break
+        time.sleep(wait)
+    with atomic(conn):
+        control_store.record_wait(conn, job.namespace_id, job.id, reason, g.clock.now(conn))
+    log_action(
+        log, "archive.job.waiting", namespace_id=job.namespace_id, job_id=job.id,
+        reason=reason.value,
+    )  # fmt: skip
+    return reason
+
+
 def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
     try:
         outcome = _claims(ch)
@@ -205,6 +242,8 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
     except LeaseLost:
         _lost(ch.claim)
         return Outcome.LEASE_LOST
+    if outcome is Outcome.STOPPED:
+        return outcome  # no continuation: the tick wakes waiting jobs up
     if outcome is Outcome.RELEASED:
         job = ch.claim.job
         log_action(log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id)
@@ -264,7 +303,7 @@ def _claims(ch: _Chain) -> Outcome:
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
             stored = store_job_file(ch.directory, manifest.name, manifest.data)
             _written(ch, manifest)
-            outcome = _confirm(ch, manifest, stored, None)
+            outcome = _confirm(ch, manifest, stored, None, _boundary(ch, manifest))
             if outcome is not Outcome.CHAINED:
                 return outcome
         if ch.tail_final:
@@ -325,7 +364,8 @@ def _batches(ch: _Chain) -> Outcome:
             stored = writing.result()
             _written(ch, current)
             writing, upcoming = None, NOT_READY
-            if not current.final and time.monotonic() < ch.deadline:
+            stop = _boundary(ch, current)
+            if not current.final and stop is None and time.monotonic() < ch.deadline:
                 upcoming = ahead.ready()  # write the next file ahead only if it is ready
                 if upcoming is not NOT_READY:
                     follow = _batch_file(upcoming)
@@ -333,9 +373,17 @@ def _batches(ch: _Chain) -> Outcome:
                         writing = writer.submit(
                             store_job_file, ch.directory, follow.name, follow.data
                         )  # else: refused again, after this confirm, in the next round
-            outcome = _confirm(ch, current, stored, writing)
+            outcome = _confirm(ch, current, stored, writing, stop)
             if outcome is not Outcome.CHAINED:
                 return outcome
+
+
+def _boundary(ch: _Chain, f: _File) -> WaitReason | None:
+    """The batch boundary before ``f``'s confirm: a reason to release instead of chaining the
+    next claim (a final file is confirmed with its lease kept whatever the controls say)."""
+    if f.final or ch.gate is None:
+        return None
+    return ch.gate.at_boundary(ch.conn, f.seq, f.roots, ch.deadline)
 
 
 def _check_volume(ch: _Chain) -> None:
@@ -465,22 +513,40 @@ def _refuse(code: ErrorCode | None) -> None:
 
 
 def _confirm(
-    ch: _Chain, f: _File, stored: StoredFile, follow: Future[StoredFile] | None
+    ch: _Chain,
+    f: _File,
+    stored: StoredFile,
+    follow: Future[StoredFile] | None,
+    stop: WaitReason | None = None,
 ) -> Outcome:
     """Step 4 after the durable write: the fenced confirm that chains the next claim (or keeps
-    the lease for the final step, or releases the job at the end of the time slice). Returns
-    ``chained``, or the outcome of the final step / ``released``. ``follow`` is the write of
-    the next file, already under way (only when chaining)."""
+    the lease for the final step, or releases the job at the end of the time slice or because
+    ``stop`` says wait). Returns ``chained``, or the outcome of the final step / ``released`` /
+    ``stopped``. ``follow`` is the write of the next file, already under way (only when
+    chaining). A chained confirm compares the control generation inside its UPDATE; when it
+    changed, the controls are read again and the boundary asked again (at most one batch and
+    its confirm follow a pause)."""
     c = ch.claim
     job = c.job
     after: store.After = "keep" if f.final else "chain"
-    if not f.final and follow is None and time.monotonic() >= ch.deadline:
+    if not f.final and (stop is not None or (follow is None and time.monotonic() >= ch.deadline)):
         after = "release"
     try:
-        nxt = store.confirm(
-            ch.conn, c, is_batch=f.is_batch, roots=f.roots, size=len(f.data), sha256=f.sha256,
-            after=after, lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
-        )  # fmt: skip
+        while True:
+            try:
+                nxt = store.confirm(
+                    ch.conn, c, is_batch=f.is_batch, roots=f.roots, size=len(f.data),
+                    sha256=f.sha256, after=after,
+                    lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
+                    generation=None if ch.gate is None else ch.gate.generation,
+                )  # fmt: skip
+                break
+            except store.ControlsChanged:
+                assert ch.gate is not None
+                ch.gate.reload(ch.conn)
+                stop = _boundary(ch, f)
+                if stop is not None:
+                    after = "release"
     except LeaseLost:
         leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, stored)
         if follow is not None:
@@ -494,6 +560,13 @@ def _confirm(
         bytes=job.bytes + len(f.data), after=after,
     )  # fmt: skip
     failpoints.hit("archive.after_confirm")
+    if after == "release" and stop is not None:
+        if follow is not None:  # written ahead before the controls changed: not confirmed
+            with contextlib.suppress(Exception):
+                ahead = follow.result()
+                leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
+        _stopped(ch, stop)
+        return Outcome.STOPPED
     if after == "release":
         return Outcome.RELEASED
     assert nxt is not None
@@ -502,6 +575,20 @@ def _confirm(
         ch.tail_final = True
         return _finish(ch)
     return Outcome.CHAINED
+
+
+def _stopped(ch: _Chain, reason: WaitReason) -> None:
+    """Released at a batch boundary for ``reason``: the job's wait starts now."""
+    job = ch.claim.job
+    assert ch.gate is not None
+    with atomic(ch.conn):
+        control_store.record_wait(
+            ch.conn, job.namespace_id, job.id, reason, ch.gate.clock.now(ch.conn)
+        )
+    log_action(
+        log, "archive.job.stopped", namespace_id=job.namespace_id, job_id=job.id,
+        reason=reason.value, batches=job.batches,
+    )  # fmt: skip
 
 
 def _require_verified(report: VerifyReport, ch: _Chain) -> None:

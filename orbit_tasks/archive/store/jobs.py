@@ -41,6 +41,7 @@ from orbit_tasks.archive.jobs import (
     is_takeover,
 )
 from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
+from orbit_tasks.archive.store.controls import generation_query
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
@@ -176,8 +177,15 @@ def confirm(
     after: After,
     lease_seconds: int,
     clock: Clock = DB_CLOCK,
+    generation: int | None = None,
 ) -> Claim | None:
     """Confirm one durably written file, fenced by the claim and the prefix it extends.
+
+    ``generation`` (with ``chain``): the control generation the claim chain last read; the
+    UPDATE also requires it unchanged (a subquery on the one-row generation table, no round
+    trip of its own). When only that differs, :class:`ControlsChanged` is raised and nothing
+    was written: the caller reads the controls again and confirms with ``chain`` or
+    ``release`` (docs/archive-controls.md).
 
     ``after``: ``keep`` the lease (a final batch, finalize follows), ``chain`` the next claim into
     the same statement (attempts+1, a fresh lease id, ``lease_until`` = clock + lease), or
@@ -196,10 +204,11 @@ def confirm(
         revision=job.revision + 1,
     )
     new_lease = random_id() if after == "chain" else None
+    guarded = after == "chain" and generation is not None
     if clock is DB_CLOCK:
-        stmt = _confirm_statement(after, lease_seconds)
+        stmt = _confirm_statement(after, lease_seconds, guarded)
     else:  # a test clock: its instant is a literal of this one statement
-        stmt = _confirm_update(after, lease_seconds, clock)
+        stmt = _confirm_update(after, lease_seconds, clock, guarded)
     params = dict(
         w_ns=job.namespace_id, w_id=job.id, w_lease=c.lease_id, w_batches=job.batches,
         w_tail=job.last_sha256, v_batches=confirmed.batches, v_roots=confirmed.roots,
@@ -207,8 +216,12 @@ def confirm(
     )  # fmt: skip
     if new_lease is not None:
         params["v_lease"] = new_lease
+    if guarded:
+        params["w_gen"] = generation
     with _transaction(bind) as conn:
         if conn.execute(stmt, params).rowcount != 1:
+            if guarded and _fence_holds(conn, c):
+                raise ControlsChanged(f"job {job.id.hex()}: the controls changed")
             raise LeaseLost(f"job {job.id.hex()}: confirm rejected, lease lost")
     if new_lease is not None:
         chained = replace(confirmed, attempts=job.attempts + 1, lease_id=new_lease)
@@ -218,7 +231,21 @@ def confirm(
     return None
 
 
-def _confirm_update(after: After, lease_seconds: int, clock: Clock) -> Any:
+class ControlsChanged(Exception):
+    """A chained confirm found the control generation changed (its fence held): nothing was
+    written; read the controls again and confirm anew."""
+
+
+def _fence_holds(conn: Connection, c: Claim) -> bool:
+    row = conn.execute(
+        select(J.c.id).where(
+            *_fence(c), J.c.batches == c.job.batches, J.c.last_sha256 == c.job.last_sha256
+        )
+    ).first()
+    return row is not None
+
+
+def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: bool = False) -> Any:
     """The fenced confirm of one file (``lease_id``, RUNNING, the confirmed ``batches`` and
     ``last_sha256`` it extends) with the clock inside the statement; parameters ``w_*`` (the
     fence) and ``v_*`` (the new counters, the chained lease id)."""
@@ -238,25 +265,24 @@ def _confirm_update(after: After, lease_seconds: int, clock: Clock) -> Any:
         )
     elif after == "release":
         values.update(state=JobState.PENDING.value, lease_id=None, lease_until=None)
-    return (
-        update(J)
-        .where(
-            J.c.namespace_id == bindparam("w_ns"),
-            J.c.id == bindparam("w_id"),
-            J.c.lease_id == bindparam("w_lease"),
-            J.c.state == JobState.RUNNING.value,
-            J.c.batches == bindparam("w_batches"),
-            J.c.last_sha256 == bindparam("w_tail"),
-        )
-        .values(**values)
-    )
+    cond = [
+        J.c.namespace_id == bindparam("w_ns"),
+        J.c.id == bindparam("w_id"),
+        J.c.lease_id == bindparam("w_lease"),
+        J.c.state == JobState.RUNNING.value,
+        J.c.batches == bindparam("w_batches"),
+        J.c.last_sha256 == bindparam("w_tail"),
+    ]
+    if guarded:
+        cond.append(generation_query() == bindparam("w_gen"))
+    return update(J).where(*cond).values(**values)
 
 
 @functools.cache
-def _confirm_statement(after: After, lease_seconds: int) -> Any:
+def _confirm_statement(after: After, lease_seconds: int, guarded: bool = False) -> Any:
     """:func:`_confirm_update` with the database clock, built once per shape: building an
     UPDATE and its cache key costs about ten times the statement's own round trip."""
-    return _confirm_update(after, lease_seconds, DB_CLOCK)
+    return _confirm_update(after, lease_seconds, DB_CLOCK, guarded)
 
 
 def _fenced_update(

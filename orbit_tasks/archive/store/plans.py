@@ -579,40 +579,42 @@ class SweptJob(NamedTuple):
     kind: str  # labels the wake-up (Flower); never routes it
 
 
-def expired_running_query(storage_id: bytes, now: dt.datetime, limit: int) -> Select[Any]:
+def expired_running_query(
+    storage_id: bytes, now: dt.datetime, limit: int, where: Any = None
+) -> Select[Any]:
     """RUNNING jobs whose lease expired: ``lease_until < now`` (at ``now == lease_until`` the
     lease still holds, SPEC §5)."""
-    return (
-        select(J.namespace_id, J.id, J.kind)
-        .where(J.storage_id == storage_id, J.state == "RUNNING", J.lease_until < now)
-        .order_by(J.lease_until, J.updated_at)
-        .limit(limit)
+    q = select(J.namespace_id, J.id, J.kind).where(
+        J.storage_id == storage_id, J.state == "RUNNING", J.lease_until < now
     )
+    if where is not None:
+        q = q.where(where)
+    return q.order_by(J.lease_until, J.updated_at).limit(limit)
 
 
-def pending_query(storage_id: bytes, limit: int) -> Select[Any]:
+def pending_query(storage_id: bytes, limit: int, where: Any = None) -> Select[Any]:
     # lease_until is NULL for every PENDING row; ordering by it too keeps the index order.
-    return (
-        select(J.namespace_id, J.id, J.kind)
-        .where(J.storage_id == storage_id, J.state == "PENDING")
-        .order_by(J.lease_until, J.updated_at)
-        .limit(limit)
-    )
+    q = select(J.namespace_id, J.id, J.kind).where(J.storage_id == storage_id, J.state == "PENDING")
+    if where is not None:
+        q = q.where(where)
+    return q.order_by(J.lease_until, J.updated_at).limit(limit)
 
 
-def sweep(conn: Connection, storage_id: bytes, now: dt.datetime, limit: int) -> list[SweptJob]:
+def sweep(
+    conn: Connection, storage_id: bytes, now: dt.datetime, limit: int, where: Any = None
+) -> list[SweptJob]:
     """Jobs on ``storage_id`` that need a wake-up: RUNNING jobs whose lease expired (takeover)
     first, then PENDING jobs, oldest first; at most ``limit`` in total. Both queries run on
-    ``ix_archive_job_claim``."""
+    ``ix_archive_job_claim``. ``where`` leaves jobs out (those of paused scopes)."""
     if limit <= 0:
         return []
     out = [
         SweptJob(bytes(r[0]), bytes(r[1]), str(r[2]))
-        for r in conn.execute(expired_running_query(storage_id, now, limit))
+        for r in conn.execute(expired_running_query(storage_id, now, limit, where))
     ]
     if len(out) < limit:
         out += [
             SweptJob(bytes(r[0]), bytes(r[1]), str(r[2]))
-            for r in conn.execute(pending_query(storage_id, limit - len(out)))
+            for r in conn.execute(pending_query(storage_id, limit - len(out), where))
         ]
     return out

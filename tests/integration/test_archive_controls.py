@@ -1,0 +1,401 @@
+"""Archive controls end to end (issue 16, docs/archive-controls.md): real MariaDB, Redis db 2,
+volume directories, `orbit worker archive` (= `celery worker`) processes and the real CLI.
+
+Pause a running job (stops within one batch, stays PENDING with attempts flat for more than
+three lease periods, resumes and verifies); pause by namespace; a run window that closes
+mid-job; the load guard; statistics in `orbit job show --json`; the exporter's
+`orbit_archive_jobs_waiting`; bad input refused with one line and nothing written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, select, text
+
+from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.history_tables import audit_events
+from tests.support.archive_jobs import (
+    ArchiveEnv,
+    archive_env,
+    assert_succeeded_exactly,
+    cli_json,
+    create_job,
+    make_namespace,
+    make_plan,
+    make_volume,
+    seed,
+    wait_for,
+    wait_state,
+)
+from tests.support.metrics import running_exporter, value
+from tests.support.schema import mariadb_snapshot
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
+
+LEASE = 4  # seconds: the smallest lease (slice 1 s), so three lease periods are 12 s
+SLOW_FILE = "archive.after_file_write=sleep:0.15"  # every file takes a while: pauses hit mid-job
+
+
+def _show(ae: ArchiveEnv, job: Job) -> dict:
+    return cli_json(ae.orbit("job", "show", job.namespace_id.hex(), job.id.hex(), "--json"))
+
+
+def _hold(ae: ArchiveEnv, job: Job, seconds: float) -> Job:
+    """Tick every 2 s (as beat would) for ``seconds``; the job must stay PENDING with its
+    attempts, batches and error code unchanged all along. Returns the job as it stayed."""
+    first = ae.job(job.namespace_id, job.id)
+    assert first.state is JobState.PENDING, first
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ae.tick()
+        now = ae.job(job.namespace_id, job.id)
+        assert now.state is JobState.PENDING and now.error_code == "", now
+        assert (now.attempts, now.batches, now.revision) == (
+            first.attempts,
+            first.batches,
+            first.revision,
+        ), now
+        time.sleep(1)
+    return first
+
+
+def _verify(ae: ArchiveEnv, job: Job, vol: Path) -> None:
+    proc = ae.orbit("job", "verify", job.namespace_id.hex(), job.id.hex(), "--volume", str(vol))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_pause_stops_a_running_job_within_one_batch_then_resume_finishes(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    with archive_env(
+        mariadb_url, platform_engine, tmp_path,
+        ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE), ORBIT_ARCHIVE_SLICE_SECONDS="1",
+    ) as ae:  # fmt: skip
+        ns, q = make_namespace(platform_engine, "pause")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=5)
+        seed(platform_engine, ns, q, "events", 400)
+        w = ae.worker("pause", [vol], failpoints=SLOW_FILE)
+        job = create_job(ae, ns, "events")
+        wait_for(lambda: ae.job(ns, job.id).batches >= 4, 60, "four batches")
+        ae.orbit("archive", "pause", "--storage", sid.hex(), "--reason", "db maintenance")
+        at_pause = ae.job(ns, job.id)  # read after the pause committed
+        stopped = wait_for(
+            lambda: (j := ae.job(ns, job.id)).state is JobState.PENDING and j, 10, "stopped"
+        )
+        assert stopped.batches <= at_pause.batches + 1  # at most one batch and its confirm
+        assert stopped.error_code == "" and stopped.lease_id is None
+        assert stopped.attempts == stopped.batches + 1  # released without a claim of its own
+        held = _hold(ae, stopped, 3 * LEASE + 2)  # longer than three lease periods
+        log = w.text()
+        assert "archive.job.stopped" in log or "archive.job.waiting" in log, log[-2000:]
+        assert "STALLED" not in log
+        st = _show(ae, held)["statistics"]
+        assert st["waiting"] == "paused", st
+        assert st["waited_seconds"]["paused"] >= 3 * LEASE, st
+
+        controls = cli_json(ae.orbit("archive", "controls", "--json"))
+        assert controls["next"] is None
+        (item,) = controls["items"]
+        assert (item["control"], item["storage_id"], item["namespace_id"]) == (
+            "pause",
+            sid.hex(),
+            None,
+        )
+        assert (item["reason"], item["actor"]) == ("db maintenance", "test-operator")
+        human = ae.orbit("archive", "controls").stdout
+        assert "pause" in human and "db maintenance" in human and "test-operator" in human
+
+        ae.orbit("archive", "resume", "--storage", sid.hex())
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=180)
+        assert done.state is JobState.SUCCEEDED, done
+        assert done.attempts == done.batches + 1
+        assert_succeeded_exactly(ae, done, vol)
+        _verify(ae, done, vol)
+        st = _show(ae, done)["statistics"]
+        assert st["waiting"] is None and st["waited_seconds"]["paused"] >= 3 * LEASE, st
+        assert st["elapsed_seconds"] > 0 and st["roots_per_second"] > 0
+        assert cli_json(ae.orbit("archive", "controls", "--json"))["items"] == []
+        with platform_engine.connect() as conn:
+            actions = [
+                r.action
+                for r in conn.execute(
+                    select(audit_events.c.action, audit_events.c.actor).where(
+                        audit_events.c.namespace_id == bytes(16)
+                    )
+                )
+            ]
+        assert actions.count("archive.pause") == 1 and actions.count("archive.resume") == 1
+
+
+@pytest.mark.slow
+def test_pause_by_namespace_leaves_another_namespace_on_the_storage_running(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        ns_a, qa = make_namespace(platform_engine, "paused-ns")
+        ns_b, qb = make_namespace(platform_engine, "running-ns")
+        for ns, q in ((ns_a, qa), (ns_b, qb)):
+            make_plan(platform_engine, ns, "events", sid, batch_size=10)
+            seed(platform_engine, ns, q, "events", 60)
+        ae.orbit("archive", "pause", "--namespace", "paused-ns", "--reason", "tenant move")
+        ae.worker("ns", [vol])
+        report = ae.tick()  # creates both jobs, wakes only the unpaused one
+        assert len(report.jobs_created) == 2 and report.wakeups_published == 1
+        by_ns = {bytes.fromhex(n): bytes.fromhex(j) for n, _k, j in report.jobs_created}
+        job_a, job_b = ae.job(ns_a, by_ns[ns_a]), ae.job(ns_b, by_ns[ns_b])
+        done_b = wait_state(ae, job_b, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done_b.state is JobState.SUCCEEDED, done_b
+        a = ae.job(ns_a, job_a.id)
+        assert (a.state, a.attempts, a.batches) == (JobState.PENDING, 0, 0)
+        assert ae.tick().wakeups_published == 0  # the paused job gets none
+        # a wake-up reaching a worker anyway (late, duplicated) claims nothing
+        ae.publish(sid, ns_a, job_a.id, kind="events")
+        time.sleep(2)
+        a = ae.job(ns_a, job_a.id)
+        assert (a.state, a.attempts) == (JobState.PENDING, 0)
+        ae.orbit("archive", "resume", "--namespace", "paused-ns")
+        done_a = wait_state(ae, job_a, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done_a.state is JobState.SUCCEEDED, done_a
+        assert_succeeded_exactly(ae, done_a, vol)
+        assert done_a.attempts == done_a.batches + 1
+
+
+@pytest.mark.slow
+def test_a_run_window_that_closes_mid_job(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """The window covers the current minute and closes at its end (minute resolution, UTC): the
+    running claim stops at a batch boundary and the job waits `window`; a wider window lets it
+    finish."""
+    with archive_env(
+        mariadb_url, platform_engine, tmp_path,
+        ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE), ORBIT_ARCHIVE_SLICE_SECONDS="1",
+    ) as ae:  # fmt: skip
+        ns, q = make_namespace(platform_engine, "window")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=5)
+        seed(platform_engine, ns, q, "events", 3000)
+        with platform_engine.connect() as conn:
+            now = db_now(conn)
+        if now.second > 45:  # at least 15 s of work before the window closes
+            time.sleep(61 - now.second)
+            with platform_engine.connect() as conn:
+                now = db_now(conn)
+        start = now.replace(second=0, microsecond=0)
+        end = start + timedelta(minutes=1)
+        window = f"{start:%H:%M}-{end:%H:%M}"
+        ae.orbit("archive", "window", "--storage", sid.hex(), window)
+        ae.worker("window", [vol], failpoints=SLOW_FILE)
+        job = create_job(ae, ns, "events")
+        wait_for(lambda: ae.job(ns, job.id).batches >= 2, 30, "work inside the window")
+        wait_for(
+            lambda: _show(ae, job)["statistics"]["waiting"] == "window",
+            90,
+            "the window closed and the job waits",
+            step=1,
+        )
+        closed = ae.job(ns, job.id)
+        assert closed.state is JobState.PENDING and closed.batches < 600  # stopped mid-job
+        with platform_engine.connect() as conn:
+            assert db_now(conn) >= end
+        _hold(ae, closed, 5)
+        ae.orbit("archive", "window", "--storage", sid.hex(), "00:00-23:59", "23:59-00:00")
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=240)
+        assert done.state is JobState.SUCCEEDED, done
+        assert done.attempts == done.batches + 1
+        assert_succeeded_exactly(ae, done, vol)
+        assert _show(ae, done)["statistics"]["waited_seconds"]["window"] > 0
+
+
+@pytest.mark.slow
+def test_load_guard_waits_db_load_then_finishes(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """A threshold below the server's Threads_running (0: the check's own statement runs) makes
+    the job wait `db_load` without a claim; the exporter counts it; a worker with a higher
+    threshold finishes it."""
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, q = make_namespace(platform_engine, "load")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=10)
+        seed(platform_engine, ns, q, "events", 50)
+        busy = ae.worker("busy", [vol], extra_env={"ORBIT_ARCHIVE_MAX_THREADS_RUNNING": "0"})
+        job = create_job(ae, ns, "events")
+        wait_for(lambda: "archive.job.waiting" in busy.text(), 30, "the worker saw the load")
+        j = _hold(ae, ae.job(ns, job.id), 4)
+        assert (j.attempts, j.batches) == (0, 0)
+        st = _show(ae, j)["statistics"]
+        assert st["waiting"] == "db_load" and st["waited_seconds"]["db_load"] > 0, st
+        exp_env = {k: v for k, v in ae.env.items() if k != "ORBIT_SENDER_DATABASE_URL"}
+        exp_env.update(ORBIT_METRICS_CACHE_SECONDS="1")
+        with running_exporter(exp_env, tmp_path) as exporter:
+            s = exporter.scrape()
+            assert value(s, "orbit_archive_jobs_waiting", storage=sid.hex(), reason="db_load") == 1
+            assert value(s, "orbit_archive_jobs_waiting", storage=sid.hex(), reason="paused") == 0
+        busy.stop()
+        ae.worker("calm", [vol], extra_env={"ORBIT_ARCHIVE_MAX_THREADS_RUNNING": "100000"})
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done.state is JobState.SUCCEEDED, done
+        assert done.attempts == done.batches + 1
+        assert_succeeded_exactly(ae, done, vol)
+
+
+@pytest.mark.slow
+def test_load_guard_stops_a_running_claim_when_the_server_gets_busy(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Sessions of `SELECT SLEEP(n)` raise Threads_running above the threshold while the job
+    runs: the claim stops at a batch boundary (read at most once a second) and the job waits
+    `db_load`; when they end it continues and finishes."""
+    sleepers, threshold = 45, 30
+    with archive_env(
+        mariadb_url, platform_engine, tmp_path,
+        ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE), ORBIT_ARCHIVE_SLICE_SECONDS="1",
+    ) as ae:  # fmt: skip
+        ns, q = make_namespace(platform_engine, "load-mid")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=5)
+        seed(platform_engine, ns, q, "events", 1500)
+        env = {"ORBIT_ARCHIVE_MAX_THREADS_RUNNING": str(threshold)}
+        ae.worker("mid", [vol], failpoints=SLOW_FILE, extra_env=env)
+        job = create_job(ae, ns, "events")
+        wait_for(lambda: ae.job(ns, job.id).batches >= 3, 30, "work before the load")
+        load = create_engine(mariadb_url, pool_size=sleepers, max_overflow=0)
+
+        def sleep_in_server() -> None:
+            with load.connect() as conn:
+                conn.execute(text("SELECT SLEEP(12)"))
+
+        threads = [threading.Thread(target=sleep_in_server) for _ in range(sleepers)]
+        for t in threads:
+            t.start()
+        try:
+            wait_for(
+                lambda: _show(ae, job)["statistics"]["waiting"] == "db_load",
+                10,
+                "the job waits for the load",
+                step=0.5,
+            )
+            busy = ae.job(ns, job.id)
+            assert busy.state is JobState.PENDING and busy.batches < 300
+        finally:
+            for t in threads:
+                t.join()
+            load.dispose()
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=240)
+        assert done.state is JobState.SUCCEEDED, done
+        assert done.attempts == done.batches + 1
+        assert_succeeded_exactly(ae, done, vol)
+
+
+# --- bad input: one line, the right exit code, nothing written ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "line"),
+    [
+        (["pause", "--storage", "ab" * 16, "--reason", "x"], 4, "storage " + "ab" * 16),
+        (["pause", "--storage", "nothex", "--reason", "x"], 2, "storage id"),
+        (["pause", "--namespace", "nope", "--reason", "x"], 4, "namespace 'nope' does not exist"),
+        (["pause", "--namespace", "ctl", "--kind", "bogus", "--reason", "x"], 2, "bogus"),
+        (["pause", "--kind", "events", "--reason", "x"], 2, "--kind 'events' needs --namespace"),
+        (["pause", "--reason", ""], 2, "--reason"),
+        (["pause"], 2, "--reason"),
+        (["resume", "--namespace", "nope"], 4, "namespace 'nope' does not exist"),
+        (["throttle", "--storage", "@S", "--max-roots-per-second", "0"], 2, "1..10,000,000"),
+        (["throttle", "--storage", "@S", "--max-roots-per-second", "-5"], 2, "1..10,000,000"),
+        (["throttle", "--storage", "@S", "--max-roots-per-second", "2.5"], 2, "not an integer"),
+        (["throttle", "--storage", "@S"], 2, "--max-roots-per-second N or --clear"),
+        (["throttle", "--max-roots-per-second", "5"], 2, "exactly one of --storage"),
+        (
+            ["throttle", "--storage", "@S", "--namespace", "ctl", "--max-roots-per-second", "5"],
+            2,
+            "exactly one of --storage",
+        ),
+        (["throttle", "--namespace", "nope", "--max-roots-per-second", "5"], 4, "'nope'"),
+        (["window", "--storage", "@S", "01:00-01:00"], 2, "'01:00-01:00' is empty"),
+        (["window", "--storage", "@S", "25:00-02:00"], 2, "'25:00-02:00' is invalid"),
+        (["window", "--storage", "@S", "1-2"], 2, "'1-2' is invalid"),
+        (["window", "--storage", "@S"], 2, "no window given"),
+        (["window", "--storage", "@S", "--clear", "01:00-02:00"], 2, "not both"),
+        (["window", "--namespace", "nope", "01:00-02:00"], 4, "'nope'"),
+    ],
+)
+def test_bad_control_input_is_refused_in_one_line_and_nothing_is_written(
+    platform_engine: Engine,
+    mariadb_url: str,
+    tmp_path: Path,
+    args: list[str],
+    code: int,
+    line: str,
+) -> None:
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        make_namespace(platform_engine, "ctl")
+        sid = make_volume(platform_engine, tmp_path / "vol")
+        args = [sid.hex() if a == "@S" else a for a in args]
+        before = mariadb_snapshot(mariadb_url)
+        proc = ae.orbit("archive", *args, check=False)
+        assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+        assert line in lines[0], lines[0]
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+        assert mariadb_snapshot(mariadb_url) == before
+
+
+def test_control_changes_are_audited_and_listed(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    with archive_env(mariadb_url, platform_engine, tmp_path, ORBIT_OPERATOR="alice") as ae:
+        ns, _ = make_namespace(platform_engine, "ctl")
+        sid = make_volume(platform_engine, tmp_path / "vol")
+        ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "500")
+        ae.orbit("archive", "window", "--namespace", "ctl", "22:00-02:00", "12:00-13:00")
+        ae.orbit("archive", "pause", "--namespace", "ctl", "--kind", "tasks", "--reason", "r")
+        ae.orbit("archive", "pause", "--reason", "all of it")
+        items = cli_json(ae.orbit("archive", "controls", "--json"))["items"]
+        got = {(i["control"], i["scope"]): i for i in items}
+        assert set(got) == {
+            ("throttle", f"{sid.hex()}/*/*"),
+            ("window", f"*/{ns.hex()}/*"),
+            ("pause", f"*/{ns.hex()}/tasks"),
+            ("pause", "*/*/*"),
+        }
+        assert got[("throttle", f"{sid.hex()}/*/*")]["max_roots_per_second"] == 500
+        assert got[("window", f"*/{ns.hex()}/*")]["windows"] == ["22:00-02:00", "12:00-13:00"]
+        assert got[("window", f"*/{ns.hex()}/*")]["namespace"] == "ctl"
+        assert {i["actor"] for i in items} == {"alice"}
+        nothing = ae.orbit("archive", "resume", "--storage", sid.hex())
+        assert "nothing to resume" in nothing.stdout
+        ae.orbit("archive", "throttle", "--storage", sid.hex(), "--clear")
+        ae.orbit("archive", "window", "--namespace", "ctl", "--clear")
+        with platform_engine.connect() as conn:
+            rows = conn.execute(
+                select(audit_events.c.namespace_id, audit_events.c.action, audit_events.c.actor)
+            ).all()
+        actions = sorted((bytes(r[0]) == ns, r[1]) for r in rows)
+        assert actions == [
+            (False, "archive.pause"),
+            (False, "archive.throttle.clear"),
+            (False, "archive.throttle.set"),
+            (True, "archive.pause"),
+            (True, "archive.window.clear"),
+            (True, "archive.window.set"),
+        ]
+        assert {r[2] for r in rows} == {"alice"}
+        left = cli_json(ae.orbit("archive", "controls", "--json"))["items"]
+        assert [i["control"] for i in left] == ["pause", "pause"]
