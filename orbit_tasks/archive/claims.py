@@ -141,11 +141,3 @@ def chain_expectation(
         complete=complete,
         range=range,
     )
-
-
-def replica_behind(beat_at: datetime | None, created_at: datetime) -> bool:
-    """A job may read the replica only once the replica shows a tick heartbeat written at or
-    after the job's creation (the tick beats after its jobs committed; docs/operations.md "Read
-    from a replica"). ``beat_at``: the heartbeat as the replica has applied it, None when it has
-    none yet."""
-    return beat_at is None or beat_at < created_at

@@ -11,15 +11,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text, update
 
 from orbit_tasks.archive.engine import runner
 from orbit_tasks.archive.engine.volume import write_identity
-from orbit_tasks.archive.jobs import Job
+from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import make_engine
@@ -27,14 +29,19 @@ from orbit_tasks.db.migrate import upgrade
 from orbit_tasks.db.platform_tables import archive_jobs, heartbeat
 from orbit_tasks.queues import queue_name
 from tests.support.archive_jobs import (
+    LEASE,
+    ArchiveEnv,
     archive_env,
     assert_succeeded_exactly,
+    cli_json,
     create_job,
     file_snapshot,
     make_namespace,
     make_plan,
     make_volume,
     seed,
+    wait_for,
+    wait_state,
 )
 from tests.support.cli import assert_one_line_error, orbit_env, run_orbit
 from tests.support.mariadb_server import free_port
@@ -102,6 +109,59 @@ def _rerun_from_primary(ae: object, primary: Engine, done: Job, vol: Path) -> di
     )  # fmt: skip
     assert out == "succeeded"
     return file_snapshot(vol, done)
+
+
+@pytest.mark.slow
+def test_a_job_waits_replica_lag_while_the_sql_thread_is_stopped_then_finishes(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    """A real worker reading the replica: with the replica's SQL thread stopped, a job created
+    after that waits `replica_lag` (no claim, no error code, attempts flat, longer than three
+    leases); started again, the job finishes, `orbit job verify` passes, and its files equal
+    those of the same job read from the primary."""
+    primary_url, replica_url, primary, _replica = dbs
+    with archive_env(
+        primary_url, primary, tmp_path, ORBIT_ARCHIVE_SOURCE_URL=replica_url
+    ) as ae:  # fmt: skip
+        ns, q = make_namespace(primary, "lag")
+        vol = tmp_path / "vol"
+        sid = make_volume(primary, vol)
+        make_plan(primary, ns, "workflows", sid, batch_size=9)
+        seed(primary, ns, q, "workflows", 150)
+        pair.wait_caught_up()
+        w = ae.worker("replica", [vol])
+        pair.stop_sql_thread()
+        status = pair.status()
+        # what a lag check on Seconds_Behind_Master would have seen: nothing to wait for
+        assert status["Slave_SQL_Running"] == "No" and status["Seconds_Behind_Master"] is None
+        job = create_job(ae, ns, "workflows")  # the tick beats on the primary, not applied
+        wait_for(lambda: _show(ae, job)["waiting"] == "replica_lag", 30, "replica_lag wait")
+        deadline = time.monotonic() + 3 * LEASE + 2
+        while time.monotonic() < deadline:
+            held = ae.job(ns, job.id)
+            assert held.state is JobState.PENDING, held
+            assert (held.attempts, held.batches, held.error_code) == (0, 0, ""), held
+            ae.tick()  # beat's sweep wakes the job up; each wake-up finds the replica behind
+            time.sleep(2)
+        assert "archive.job.waiting" in w.text() and "archive.job.claimed" not in w.text()
+        pair.start_sql_thread()
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done.state is JobState.SUCCEEDED and done.error_code == "", done
+        shown = _show(ae, done)
+        assert shown["waiting"] is None and shown["waited_seconds"]["replica_lag"] >= 3 * LEASE
+        verify = ae.orbit("job", "verify", "lag", job.id.hex(), "--volume", str(vol))
+        assert verify.stdout.startswith("ok: "), verify.stdout
+        assert_succeeded_exactly(ae, done, vol)
+        from_replica = file_snapshot(vol, done)
+        w.stop()
+        from_primary = _rerun_from_primary(ae, primary, done, tmp_path / "vol-primary")
+        assert from_replica == from_primary and len(from_replica) == done.batches + 1
+
+
+def _show(ae: ArchiveEnv, job: Job) -> dict[str, Any]:
+    """The job's statistics (`orbit job show --json`): what it waits for, seconds waited."""
+    doc = cli_json(ae.orbit("job", "show", job.namespace_id.hex(), job.id.hex(), "--json"))
+    return dict(doc["statistics"])
 
 
 def test_tick_beats_after_its_jobs(

@@ -6,7 +6,14 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from orbit_tasks.archive.claims import replica_behind
+from orbit_tasks.archive.controls import (
+    REPLICA_BEAT,
+    JobView,
+    Situation,
+    WaitReason,
+    first_wait,
+    replica_behind,
+)
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.settings import load_settings
 
@@ -55,3 +62,14 @@ def test_replica_behind_until_it_shows_a_beat_at_or_after_the_job() -> None:
     assert replica_behind(created - timedelta(microseconds=1), created)
     assert not replica_behind(created, created)
     assert not replica_behind(created + timedelta(seconds=5), created)
+
+
+def test_replica_lag_is_one_of_the_checks_before_a_claim() -> None:
+    created = datetime(2026, 5, 1, 12, 0, 0)
+    job = JobView(b"s" * 16, b"n" * 16, "tasks", b"j" * 16, created)
+    now = created + timedelta(minutes=1)
+    assert first_wait(job, Situation(now)) is None  # no replica: no reading, no wait
+    behind = Situation(now, extra={REPLICA_BEAT: created - timedelta(seconds=1)})
+    assert first_wait(job, behind) is WaitReason.REPLICA_LAG
+    assert first_wait(job, Situation(now, extra={REPLICA_BEAT: None})) is WaitReason.REPLICA_LAG
+    assert first_wait(job, Situation(now, extra={REPLICA_BEAT: created})) is None

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine
@@ -38,7 +39,7 @@ from sqlalchemy import Connection, Engine
 from orbit_tasks import failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
-from orbit_tasks.archive.controls import WaitReason
+from orbit_tasks.archive.controls import REPLICA_BEAT, WaitReason
 from orbit_tasks.archive.engine import gate, leftovers, verify
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
@@ -175,6 +176,8 @@ def run_job(
             g = None
             if settings.archive_controls:
                 g = gate.open_gate(conn, gate.view(job), settings, clock)
+                if source_engine is not engine:  # a replica: has it applied the job's tick?
+                    g.extra[REPLICA_BEAT] = _replica_beat(source_engine)
                 if _wait_before_claim(conn, g, job, started) is not None:
                     return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
@@ -210,6 +213,12 @@ def run_job(
             )  # fmt: skip
             return Outcome.TRANSIENT
         raise
+
+
+def _replica_beat(source_engine: Engine) -> datetime | None:
+    """The tick heartbeat as the replica has applied it (one statement on the replica)."""
+    with source_engine.connect() as conn:
+        return source.replica_beat(conn)
 
 
 def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
