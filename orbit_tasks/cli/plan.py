@@ -206,17 +206,25 @@ def plan_preview_cmd(ns: str, kind: str, as_json: bool) -> None:
     estimated from a sample of its roots, and what the next tick would do with the plan.
     """
     schedule.validate_kind(kind)
+    settings = get_settings()
     primary, src_engine = platform_engine(), source_engine()
     with primary.connect() as conn:
         namespace = resolve_namespace(conn, ns)
         plan = plan_store.get_plan(conn, namespace.id, kind)
         if plan is None:
             raise NotFound(f"namespace {namespace.name!r} has no {kind!r} plan")
+        conn.rollback()  # read only: nothing to commit
+    job = plan_preview.prospective_job(plan, plan.updated_at)  # its scope: storage, ns, kind
+    controls = plan_preview.controls_now(primary, job, settings, DB_CLOCK)
+    with primary.connect() as conn:
         if src_engine is primary:
-            result = plan_preview.preview(conn, conn, plan, DB_CLOCK)
+            result = plan_preview.preview(conn, conn, plan, DB_CLOCK, controls=controls)
         else:
             with src_engine.connect() as src:
-                result = plan_preview.preview(conn, src, plan, DB_CLOCK)
+                result = plan_preview.preview(
+                    conn, src, plan, DB_CLOCK, controls=controls, replica=True
+                )
+                src.rollback()
         conn.rollback()  # read only: nothing to commit
     data = result.to_dict()
     data["namespace"] = namespace.name
@@ -266,8 +274,25 @@ def _preview_text(d: dict[str, Any]) -> str:
         f"due             {yes(d['due'])} (next_run_at {d['next_run_at']})",
         f"active_job      {active}",
         f"next tick       {d['tick_action']}",
+        f"controls        {_controls_text(d)}",
     ]
+    if d["replica_beat_at"] is not None or d["source"] == "replica":
+        lines.append(f"replica beat    {d['replica_beat_at'] or '- (none applied yet)'}")
     return "\n".join(lines)
+
+
+def _controls_text(d: dict[str, Any]) -> str:
+    parts = []
+    if d["paused"]:
+        parts.append("PAUSED")
+    if d["throttled"]:
+        parts.append(f"throttled to {d['max_roots_per_second']} roots/s")
+    windows = [w for c in d["controls"] if c["control"] == "window" for w in c["windows"]]
+    if windows:
+        where = "OUTSIDE" if d["outside_window"] else "inside"
+        parts.append(f"{where} its window ({' '.join(windows)} UTC)")
+    text = ", ".join(parts) or "none in force"
+    return text + (f"; a claim now would wait: {d['wait_now']}" if d["wait_now"] else "")
 
 
 def register(cli: click.Group) -> None:

@@ -236,6 +236,20 @@ def test_the_reads_go_to_the_replica(
         database = primary.url.database
         assert database is not None
         pair.replica_local(database, f"DELETE FROM orbit_events WHERE id = x'{keys[0].hex()}'")
+        # `plan preview` counts on the replica too, and shows the beat it has applied
+        env = {**ae.env, "ORBIT_ARCHIVE_SOURCE_URL": replica_url}
+        doc = cli_json(run_orbit(["plan", "preview", "reads-there", "events", "--json"], env))
+        assert doc["source"] == "replica" and doc["replica_beat_at"] is not None
+        start, until = doc["range_from"], doc["range_until"]
+        assert start is None
+        with primary.connect() as conn:
+            on_primary = conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM orbit_events WHERE namespace_id = :n AND created_at < :u"
+                ),
+                {"n": ns, "u": until.replace("T", " ").rstrip("Z")},
+            ).scalar_one()
+        assert doc["roots"] == on_primary - 1
         out = runner.run_job(
             ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
             source_engine=replica, publish=lambda *a, **k: None,

@@ -204,5 +204,51 @@ def test_preview_text_and_json_shape(
     keys = [line.split()[0] for line in proc.stdout.splitlines()]
     assert keys == [
         "plan", "now", "range", "roots", "children", "bytes", "files", "max_bytes",
-        "batch_size", "source", "enabled", "policy", "due", "active_job", "next",
+        "batch_size", "source", "enabled", "policy", "due", "active_job", "next", "controls",
     ]  # fmt: skip
+
+
+def test_preview_shows_the_controls_over_the_scope(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Paused, throttled, outside its window: read as the gate before a claim reads them; the
+    other namespace on the same storage shows only the storage's throttle."""
+    ns, q = make_namespace(platform_engine, "preview-ctl")
+    other, _ = make_namespace(platform_engine, "preview-free")
+    sid = make_volume(platform_engine, tmp_path / "vol")
+    make_plan(platform_engine, ns, "events", sid)
+    make_plan(platform_engine, other, "events", sid)
+    env = orbit_env(mariadb_url)
+    free = invoke_json(["plan", "preview", "preview-ctl", "events"], env)
+    assert (free["paused"], free["throttled"], free["outside_window"]) == (False, False, False)
+    assert free["wait_now"] is None and free["controls"] == []
+    assert free["max_roots_per_second"] is None and free["replica_beat_at"] is None
+    hour = (_ts(free["now"]) or datetime.min).hour
+    closed = f"{(hour + 2) % 24:02d}:00-{(hour + 3) % 24:02d}:00"  # a window that excludes now
+    for args in (
+        ["archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "50"],
+        ["archive", "window", "--namespace", "preview-ctl", closed],
+    ):
+        assert invoke_orbit(args, env).exit_code == 0
+    outside = invoke_json(["plan", "preview", "preview-ctl", "events"], env)
+    assert outside["throttled"] is True and outside["max_roots_per_second"] == 50
+    assert outside["outside_window"] is True and outside["paused"] is False
+    assert outside["wait_now"] == "window"
+    assert sorted(c["control"] for c in outside["controls"]) == ["throttle", "window"]
+    reason = ["--reason", "maintenance"]
+    assert (
+        invoke_orbit(["archive", "pause", "--namespace", "preview-ctl", *reason], env).exit_code
+        == 0
+    )
+    before = table_checksums(platform_engine)
+    paused = invoke_json(["plan", "preview", "preview-ctl", "events"], env)
+    assert paused["paused"] is True and paused["wait_now"] == "paused"
+    pause = next(c for c in paused["controls"] if c["control"] == "pause")
+    assert pause["reason"] == "maintenance" and pause["scope"] == f"*/{ns.hex()}/*"
+    text_out = invoke_orbit(["plan", "preview", "preview-ctl", "events"], env).stdout
+    assert "controls        PAUSED, throttled to 50 roots/s, OUTSIDE its window" in text_out
+    assert "a claim now would wait: paused" in text_out
+    neighbour = invoke_json(["plan", "preview", "preview-free", "events"], env)
+    assert neighbour["paused"] is False and neighbour["outside_window"] is False
+    assert neighbour["throttled"] is True and neighbour["wait_now"] is None
+    assert table_checksums(platform_engine) == before

@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
 from orbit_tasks.archive import claims
+from orbit_tasks.archive import controls as control_rules
 from orbit_tasks.archive import plans as plan_rules
+from orbit_tasks.archive.controls import Control, ControlKind, WaitReason
+from orbit_tasks.archive.engine import gate
 from orbit_tasks.archive.engine.readahead import batch_builder, encode_chunk
 from orbit_tasks.archive.engine.runner import manifest_bytes
 from orbit_tasks.archive.format.lines import Key
@@ -31,6 +34,7 @@ from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import Clock
+from orbit_tasks.settings import Settings
 
 SAMPLE_POINTS = 8  # evenly spaced settled times of the range
 SAMPLE_ROOTS = 128  # at most, in total (>= the largest batch size, 100)
@@ -54,6 +58,54 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class ControlsNow:
+    """The archive controls over the job's scope now, as the gate before a claim reads them
+    (``engine/gate.py``): those in force and the first reason a claim now would wait for."""
+
+    controls: tuple[Control, ...] = ()
+    wait_now: WaitReason | None = None
+    now: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        throttles = control_rules.throttles(self.controls)
+        windows = [c for c in self.controls if c.kind is ControlKind.WINDOW]
+        return {
+            "paused": any(c.kind is ControlKind.PAUSE for c in self.controls),
+            "throttled": bool(throttles),
+            "max_roots_per_second": min(
+                (c.max_roots_per_second or 0 for c in throttles), default=None
+            ),
+            "outside_window": any(
+                self.now is not None and not control_rules.in_window(c.windows, self.now)
+                for c in windows
+            ),
+            "wait_now": None if self.wait_now is None else self.wait_now.value,
+            "controls": [
+                {
+                    "control": c.kind.value,
+                    "scope": c.scope.key,
+                    "max_roots_per_second": c.max_roots_per_second,
+                    "windows": [str(w) for w in c.windows],
+                    "reason": c.reason,
+                    "actor": c.actor,
+                    "since": _ts(c.since),
+                }
+                for c in self.controls
+            ],
+        }
+
+
+def controls_now(primary: Engine, job: Job, settings: Settings, clock: Clock) -> ControlsNow:
+    """The gate of a claim of ``job`` now, on a connection of its own (read only): the controls
+    in force, and the first wait reason of the checks before a claim (paused, window, db_load,
+    throttled). ``replica_lag`` is left out: a job created now always waits for the next beat."""
+    with primary.connect() as conn:
+        g = gate.open_gate(conn, gate.view(job), settings, clock, waits=False)
+        reason, _wait = g.before_claim(conn)
+    return ControlsNow(g.controls, reason, g.now())
+
+
+@dataclass(frozen=True)
 class Preview:
     kind: str
     now: datetime
@@ -66,6 +118,8 @@ class Preview:
     roots: int = 0
     children: dict[str, int] = field(default_factory=dict)
     estimate: Estimate | None = None
+    controls: ControlsNow = field(default_factory=ControlsNow)
+    replica_beat_at: datetime | None = None  # the tick beat the replica shows (with a replica)
 
     @property
     def policy_confirmed(self) -> bool:
@@ -107,6 +161,8 @@ class Preview:
             "active_job_id": None if plan.active_job_id is None else plan.active_job_id.hex(),
             "active_job_state": self.active_job_state,
             "tick_action": self.tick_action.value,
+            **self.controls.to_dict(),
+            "replica_beat_at": _ts(self.replica_beat_at),
         }
 
 
@@ -114,9 +170,19 @@ def _ts(value: datetime | None) -> str | None:
     return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def preview(primary: Connection, src: Connection, plan: plan_store.Plan, clock: Clock) -> Preview:
+def preview(
+    primary: Connection,
+    src: Connection,
+    plan: plan_store.Plan,
+    clock: Clock,
+    *,
+    controls: ControlsNow | None = None,
+    replica: bool = False,
+) -> Preview:
     """The preview of ``plan``'s next job: plans, policies and jobs read on ``primary``, the
-    source on ``src`` (the same connection without a replica). Reads only."""
+    source on ``src`` (the same connection without a replica; ``replica``: it is one, and its
+    heartbeat is shown). ``controls``: :func:`controls_now` of the prospective job
+    (:func:`prospective_job`). Reads only."""
     now = clock.now(primary)
     ns_id, kind = plan.namespace_id, plan.kind
     latest = plan_store.latest_policy_revision(primary, ns_id, kind)
@@ -134,8 +200,13 @@ def preview(primary: Connection, src: Connection, plan: plan_store.Plan, clock: 
     if plan.active_job_id is not None:
         active = job_store.get_job(primary, ns_id, plan.active_job_id)
         active_state = None if active is None else active.state.value
-    job = Job.from_row({**plan_store.new_job_row(plan, PREVIEW_JOB_ID, now), **_NEW_JOB})
-    base = Preview(kind, now, plan, latest, state, action, active_state, None)
+    job = prospective_job(plan, now)
+    ctl = controls or ControlsNow()
+    beat = source.replica_beat(src) if replica else None
+    base = Preview(
+        kind, now, plan, latest, state, action, active_state, None,
+        controls=ctl, replica_beat_at=beat,
+    )  # fmt: skip
     try:
         rng = job_store.range_at(primary, ns_id, kind, plan.policy_revision, now, PREVIEW_JOB_ID)
     except JobFailure:  # POLICY_MISSING: a job created now would fail at its first claim
@@ -146,7 +217,14 @@ def preview(primary: Connection, src: Connection, plan: plan_store.Plan, clock: 
         est: Estimate | None = estimate(src, job, rng, roots)
     except JobFailure:  # SOURCE_INVALID / ROOT_TOO_LARGE: the job would fail; no estimate
         est = None
-    return Preview(kind, now, plan, latest, state, action, active_state, rng, roots, children, est)
+    return Preview(
+        kind, now, plan, latest, state, action, active_state, rng, roots, children, est, ctl, beat
+    )
+
+
+def prospective_job(plan: plan_store.Plan, now: datetime) -> Job:
+    """The PENDING job a tick would create for ``plan`` at ``now`` (never written)."""
+    return Job.from_row({**plan_store.new_job_row(plan, PREVIEW_JOB_ID, now), **_NEW_JOB})
 
 
 def estimate(conn: Connection, job: Job, rng: ArchiveRange, roots: int) -> Estimate:
