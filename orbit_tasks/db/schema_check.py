@@ -464,3 +464,4 @@ def require_same_tables(primary: Engine, replica: Engine, names: Sequence[str], 
                 f"{shown}: table {name} differs from the platform database's ({diffs[0]}{more}); "
                 "the archive reads it there and needs the same definition"
             )
+    warn_unless_bounded(replica, "archive source")  # its sessions carry the platform's bounds

@@ -339,3 +339,39 @@ def run_celery_worker(env: dict[str, str], queue: str) -> subprocess.CompletedPr
          "-P", "solo", "--without-mingle", "--without-gossip", "--without-heartbeat"],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
+
+
+def test_the_source_engine_has_the_platform_session_bounds(
+    dbs: tuple[str, str, Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry's engine on the replica sets the same session bounds as the platform
+    database's (the archive lease), and is a different server's engine."""
+    from orbit_tasks.db import registry
+    from orbit_tasks.db.session_bounds import bounds_for_lease
+    from orbit_tasks.settings import get_settings
+    from tests.support.cli import _reset_process_state
+
+    primary_url, replica_url, _primary, _replica = dbs
+    monkeypatch.setenv("ORBIT_DATABASE_URL", primary_url)
+    monkeypatch.setenv("ORBIT_ARCHIVE_SOURCE_URL", replica_url)
+    monkeypatch.setenv("ORBIT_ARCHIVE_LEASE_SECONDS", "40")
+    _reset_process_state()
+    try:
+        src, platform = registry.source_engine(), registry.platform_engine()
+        assert src is not platform and get_settings().archive_source_url == replica_url
+        want = bounds_for_lease(40)
+        for engine in (src, platform):
+            with engine.connect() as conn:
+                row = conn.execute(
+                    text(
+                        "SELECT @@session.idle_transaction_timeout, "
+                        "@@session.innodb_lock_wait_timeout, @@server_id"
+                    )
+                ).one()
+            assert (row[0], row[1]) == (want.idle_transaction_seconds, want.lock_wait_seconds)
+        with src.connect() as a, platform.connect() as b:
+            ids = [c.execute(text("SELECT @@server_id")).scalar() for c in (a, b)]
+        assert ids == [2, 1]  # the reads go to the replica's server
+    finally:
+        monkeypatch.delenv("ORBIT_ARCHIVE_SOURCE_URL")
+        _reset_process_state()
