@@ -1,6 +1,7 @@
 """docs/operations.md is the runbook the alerts link to (``docs/operations.md#<alert-lowercase>``):
-every alert, every archive error code and wait reason and every sender REVIEW code has its section, and every
-``orbit`` command line it tells an operator to run exists with the options it uses."""
+every alert, every archive error code and wait reason and every sender REVIEW code has its
+section, and every ``orbit`` command line it tells an operator to run exists with the options it
+uses."""
 
 from __future__ import annotations
 
