@@ -59,6 +59,7 @@ from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
     JobFailure,
+    claimable,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import controls as control_store
@@ -167,7 +168,10 @@ def run_job(
             g = None
             if settings.archive_controls:
                 g = gate.open_gate(conn, gate.view(job), settings, clock)
-                if _wait_before_claim(conn, g, job, started) is not None:
+                # only a job this wake-up could claim waits (a live or final one: not_claimed)
+                if claimable(job.state, job.lease_until, g.db_now) and (
+                    _wait_before_claim(conn, g, job, started) is not None
+                ):
                     return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
