@@ -60,6 +60,7 @@ from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
     JobFailure,
+    claimable,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import controls as control_store
@@ -176,10 +177,12 @@ def run_job(
             g = None
             if settings.archive_controls:
                 g = gate.open_gate(conn, gate.view(job), settings, clock)
-                if source_engine is not engine:  # a replica: has it applied the job's tick?
-                    g.extra[REPLICA_BEAT] = _replica_beat(source_engine)
-                if _wait_before_claim(conn, g, job, started) is not None:
-                    return Outcome.WAITING
+                # only a job this wake-up could claim waits (a live or final one: not_claimed)
+                if claimable(job.state, job.lease_until, g.db_now):
+                    if source_engine is not engine:  # a replica: has it applied the job's tick?
+                        g.extra[REPLICA_BEAT] = _replica_beat(source_engine)
+                    if _wait_before_claim(conn, g, job, started) is not None:
+                        return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
