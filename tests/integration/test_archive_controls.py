@@ -9,6 +9,7 @@ mid-job; the load guard; statistics in `orbit job show --json`; the exporter's
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -123,6 +124,11 @@ def test_pause_stops_a_running_job_within_one_batch_then_resume_finishes(
         st = _show(ae, done)["statistics"]
         assert st["waiting"] is None and st["waited_seconds"]["paused"] >= 3 * LEASE, st
         assert st["elapsed_seconds"] > 0 and st["roots_per_second"] > 0
+        text_show = ae.orbit("job", "show", ns.hex(), job.id.hex()).stdout
+        assert "roots/s" in text_show and "paused " in text_show, text_show
+        watched = ae.orbit("job", "watch", ns.hex(), job.id.hex(), "--json").stdout
+        assert json.loads(watched.splitlines()[-1])["statistics"]["waited_seconds"]["paused"] > 0
+        assert "waiting" not in ae.orbit("job", "watch", ns.hex(), job.id.hex()).stdout
         assert cli_json(ae.orbit("archive", "controls", "--json"))["items"] == []
         with platform_engine.connect() as conn:
             actions = [

@@ -130,6 +130,7 @@ class _Chain:
     clock: Clock
     deadline: float  # monotonic end of the time slice
     gate: Gate | None = None  # the controls of the chain (None: off, the bench's baseline)
+    stopped: WaitReason | None = None  # why the chain released at a batch boundary
     rng: ArchiveRange | None = None  # derived once per chain
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
@@ -255,7 +256,11 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
         _lost(ch.claim)
         return Outcome.LEASE_LOST
     if outcome is Outcome.STOPPED:
-        return outcome  # no continuation: the tick wakes waiting jobs up
+        # no continuation (the tick wakes waiting jobs up), except for the throttle: its wait
+        # is a turn of seconds, which the next claim sleeps before claiming
+        if ch.stopped is WaitReason.THROTTLED:
+            _publish_continuation(ch, publish)
+        return outcome
     if outcome is Outcome.RELEASED:
         job = ch.claim.job
         log_action(log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id)
@@ -592,6 +597,7 @@ def _confirm(
 def _stopped(ch: _Chain, reason: WaitReason) -> None:
     """Released at a batch boundary for ``reason``: the job's wait starts now."""
     job = ch.claim.job
+    ch.stopped = reason
     assert ch.gate is not None
     with atomic(ch.conn):
         control_store.record_wait(

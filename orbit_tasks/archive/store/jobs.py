@@ -41,7 +41,7 @@ from orbit_tasks.archive.jobs import (
     is_takeover,
 )
 from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
-from orbit_tasks.archive.store.controls import generation_query
+from orbit_tasks.archive.store.controls import GENERATION_SQL
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
@@ -274,7 +274,7 @@ def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: boo
         J.c.last_sha256 == bindparam("w_tail"),
     ]
     if guarded:
-        cond.append(generation_query() == bindparam("w_gen"))
+        cond.append(bindparam("w_gen") == GENERATION_SQL)
     return update(J).where(*cond).values(**values)
 
 
