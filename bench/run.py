@@ -28,6 +28,7 @@ SCRIPTS = [
     "metrics_scrape",
     "tick_scaling",
     "s3_throughput",
+    "archive_controls",
 ]
 
 

@@ -22,7 +22,12 @@ from celery.signals import (
 )
 
 from orbit_tasks.logs import configure_from_settings, log_action
-from orbit_tasks.start_checks import beat_chains, chains_of_queues, refuse_unless_ready
+from orbit_tasks.start_checks import (
+    beat_chains,
+    chains_of_queues,
+    reads_source,
+    refuse_unless_ready,
+)
 
 TASK_MODULES = ["orbit_tasks.archive.tasks", "orbit_tasks.sender.tasks"]
 
@@ -63,7 +68,8 @@ def _log_configuration_before_start(
     queues = options.get("queues") or [getattr(conf, "task_default_queue", None) or ""]
     if isinstance(queues, str):
         queues = queues.split(",")
-    refuse_unless_ready(chains_of_queues(q.strip() for q in queues))
+    names = [q.strip() for q in queues]
+    refuse_unless_ready(chains_of_queues(names), source=reads_source(names))
 
 
 @beat_init.connect

@@ -65,6 +65,9 @@ class Settings:
     archive_max_threads_running: int | None = None
     # The archive controls on the hot path; off only in the bench's baseline (never from env).
     archive_controls: bool = True
+    # ORBIT_ARCHIVE_SOURCE_URL: where the archive reads history (a replica of the platform
+    # database, docs/operations.md "Read from a replica"); None: the platform database itself.
+    archive_source_url: str | None = field(default=None, repr=False)
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -154,9 +157,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sender_limits.max_http_seconds(sender_lease),
         context=f" for ORBIT_SENDER_LEASE_SECONDS={sender_lease}",
     )
+    database_url = env.get("ORBIT_DATABASE_URL") or f"sqlite:///{var_dir / 'platform.sqlite3'}"
     return Settings(
         var_dir=var_dir,
-        database_url=env.get("ORBIT_DATABASE_URL") or f"sqlite:///{var_dir / 'platform.sqlite3'}",
+        database_url=database_url,
         sender_database_url=env.get("ORBIT_SENDER_DATABASE_URL")
         or f"sqlite:///{var_dir / 'business.sqlite3'}",
         broker_url=env.get("CELERY_BROKER_URL") or "filesystem://",
@@ -189,6 +193,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             if not env.get("ORBIT_ARCHIVE_MAX_THREADS_RUNNING")
             else _int(env, "ORBIT_ARCHIVE_MAX_THREADS_RUNNING", 0, 0, 100000)
         ),
+        archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
     )
 
 
@@ -230,6 +235,33 @@ def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw.strip().lower() not in SWITCH_VALUES:
         raise InvalidInput(f"{name}={raw!r} is not allowed (allowed 1, 0, true, false, on, off)")
     return SWITCH_VALUES[raw.strip().lower()]
+
+
+_SERVER_SCHEMES = ("mysql", "mariadb")
+
+
+def _scheme(url: str) -> str:
+    return url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+
+
+def _source_url(url: str | None, database_url: str) -> str | None:
+    """``ORBIT_ARCHIVE_SOURCE_URL``: a MySQL/MariaDB replica of a MySQL/MariaDB platform
+    database (the rest of the URL is checked where its engine is made, naming the variable)."""
+    if url is None:
+        return None
+    scheme = _scheme(url)
+    if scheme not in _SERVER_SCHEMES:
+        shown = repr(scheme) if scheme else "none"
+        raise InvalidInput(
+            f"ORBIT_ARCHIVE_SOURCE_URL has the scheme {shown} (allowed: mysql:// or mariadb://, "
+            "a replica of the platform database)"
+        )
+    if _scheme(database_url) not in _SERVER_SCHEMES:
+        raise InvalidInput(
+            "ORBIT_ARCHIVE_SOURCE_URL is set but ORBIT_DATABASE_URL is not MySQL/MariaDB "
+            "(allowed: a replica of a mysql:// or mariadb:// platform database)"
+        )
+    return url
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:

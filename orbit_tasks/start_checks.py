@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 #: Chains already checked by the ``orbit`` command that started this process (comma-separated).
 CHECKED_ENV = "ORBIT_SCHEMA_CHECKED"
+#: The marker in :data:`CHECKED_ENV` of the replica check (:func:`require_source`).
+SOURCE_CHECKED = "source"
 
 
 def chains_of_queues(queues: Iterable[str]) -> list[Chain]:
@@ -42,6 +44,15 @@ def unchecked(chains: Iterable[Chain], env: Mapping[str, str]) -> list[Chain]:
     return [c for c in chains if c not in done]
 
 
+def reads_source(queues: Iterable[str]) -> bool:
+    """Whether the tasks of ``queues`` read archive history (the archive queues do)."""
+    return any(q.startswith(ARCHIVE_QUEUE_PREFIX) for q in queues)
+
+
+def source_unchecked(env: Mapping[str, str]) -> bool:
+    return SOURCE_CHECKED not in env.get(CHECKED_ENV, "").split(",")
+
+
 def beat_chains(env: Mapping[str, str] | None = None) -> list[Chain]:
     """Beat schedules the archive tick (platform database) and the sender tick (business
     database). A deployment may run one side only (an application runs beat for its outbox
@@ -60,19 +71,43 @@ def checked_marker(chains: Iterable[Chain]) -> str:
     return ",".join(chains)
 
 
-def refuse_unless_ready(chains: Iterable[Chain]) -> None:
-    """Check each chain's schema (unless already checked); on a failure print the CLI's one
-    line on stderr and exit with its code (no traceback, no worker started)."""
+def refuse_unless_ready(chains: Iterable[Chain], *, source: bool = False) -> None:
+    """Check each chain's schema (unless already checked) and, with ``source``, the archive's
+    replica (:func:`require_source`); on a failure print the CLI's one line on stderr and exit
+    with its code (no traceback, no worker started)."""
     # Imported here: every `orbit` command imports this module; Alembic and the drivers (~0.3 s)
     # only when a check runs.
     from orbit_tasks.db.registry import business_engine, platform_engine
     from orbit_tasks.db.schema_check import require_schema
     from orbit_tasks.error_lines import describe_error
 
-    for chain in unchecked(chains, os.environ):
-        try:
+    try:
+        for chain in unchecked(chains, os.environ):
             require_schema(platform_engine() if chain == "platform" else business_engine(), chain)
-        except Exception as exc:
-            message, code = describe_error(exc)
-            print(f"error: {message}", file=sys.stderr, flush=True)
-            raise SystemExit(code) from None
+        if source and source_unchecked(os.environ):
+            require_source()
+    except Exception as exc:
+        message, code = describe_error(exc)
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
+
+
+def require_source() -> None:
+    """With ``ORBIT_ARCHIVE_SOURCE_URL`` set: the replica answers, and every history table and
+    the heartbeat table is defined there exactly as on the platform database (docs/operations.md
+    "Read from a replica"). Raises the error the CLI words in one line; nothing without a
+    replica."""
+    # Imported here: as above (the drivers and the schema check only when a check runs).
+    from orbit_tasks.db.engine import redact_url
+    from orbit_tasks.db.platform_tables import heartbeat
+    from orbit_tasks.db.registry import platform_engine, source_engine
+    from orbit_tasks.db.schema_check import require_same_tables
+    from orbit_tasks.platform.history import source_table_names
+    from orbit_tasks.settings import get_settings
+
+    url = get_settings().archive_source_url
+    if url is None:
+        return
+    shown = f"ORBIT_ARCHIVE_SOURCE_URL {redact_url(url)!r}"
+    names = [*source_table_names(), heartbeat.name]
+    require_same_tables(platform_engine(), source_engine(), names, shown)

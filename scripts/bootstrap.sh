@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh Debian machine: system packages for mysqlclient,
 # chromium (headless, for the test that renders Flower's workers page), jq (the hand-verification
-# script of docs/archive-format.md is run by a test), docker-compose (`config` checks compose/)
-# and prometheus (`promtool check|test rules` on compose/prometheus/), a virtualenv in .venv,
-# and the project with its dev extras (boto3 for S3 storages; moto[server], the tests' S3 server).
-# Idempotent and quiet when done.
+# script of docs/archive-format.md is run by a test), docker-compose (`config` checks compose/),
+# prometheus (`promtool check|test rules` on compose/prometheus/), mariadb-server-core (the
+# private `mariadbd` primary and replica of the replica and network-namespace tests), a
+# virtualenv in .venv, and the project with its dev extras (boto3 for S3 storages; moto[server],
+# the tests' S3 server). Idempotent and quiet when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in libmariadb-dev pkg-config gcc chromium jq docker-compose prometheus iptables iproute2; do
+for pkg in libmariadb-dev pkg-config gcc chromium jq docker-compose prometheus iptables iproute2 \
+  mariadb-server-core; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

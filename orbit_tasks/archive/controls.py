@@ -281,8 +281,29 @@ def throttled(job: JobView, s: Situation) -> WaitReason | None:
     return WaitReason.THROTTLED if s.throttle_wait > 0 else None
 
 
-#: In order: the first reason found is the one recorded. ``replica_lag`` goes here as one more.
-CHECKS: list[Check] = [paused, outside_window, db_loaded, throttled]
+#: The key of :attr:`Situation.extra` holding the heartbeat the replica has applied (present only
+#: when the archive reads a replica, ``ORBIT_ARCHIVE_SOURCE_URL``; None = no beat there yet).
+REPLICA_BEAT = "replica_beat_at"
+
+
+def replica_behind(beat_at: datetime | None, created_at: datetime) -> bool:
+    """A job may read the replica only once the replica shows a tick heartbeat written at or
+    after the job's creation (the tick beats after its jobs committed; docs/operations.md "Read
+    from a replica"). ``beat_at``: the heartbeat as the replica has applied it, None when it has
+    none yet. ``Seconds_Behind_Master`` is not used: 0 or NULL while the SQL thread is stopped."""
+    return beat_at is None or beat_at < created_at
+
+
+def replica_lagging(job: JobView, s: Situation) -> WaitReason | None:
+    if REPLICA_BEAT not in s.extra or job.created_at is None:
+        return None
+    beat = s.extra[REPLICA_BEAT]
+    assert beat is None or isinstance(beat, datetime)
+    return WaitReason.REPLICA_LAG if replica_behind(beat, job.created_at) else None
+
+
+#: In order: the first reason found is the one recorded.
+CHECKS: list[Check] = [paused, outside_window, db_loaded, replica_lagging, throttled]
 
 
 def first_wait(job: JobView, s: Situation, checks: Sequence[Check] = CHECKS) -> WaitReason | None:

@@ -1,4 +1,4 @@
-"""One archive tick (SPEC §7): due plans -> jobs, then the sweep -> wake-ups.
+"""One archive tick (SPEC §7): due plans -> jobs, the replica heartbeat, then the sweep -> wake-ups.
 
 Beat's ``orbit.archive.tick`` task and ``orbit archive tick`` both call :func:`run_tick`.
 
@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from orbit_tasks.archive import plans as plan_rules
+from orbit_tasks.archive.controls import Scope
 from orbit_tasks.archive.plans import TickAction
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import plans as plan_store
@@ -84,12 +85,16 @@ def run_tick(
         with engine.connect() as conn:
             report.now = clock.now(conn)
             storages = [bytes.fromhex(s["storage_id"]) for s in list_storages(conn)]
+            paused = control_store.pauses(conn)  # read once; workers check again anyway
         report.storages = len(storages)
         for storage_id in storages:
             _create_jobs(engine, storage_id, clock, report)
+        stage = "heartbeat"
+        with engine.begin() as conn:  # after the jobs: a replica showing it has them all
+            plan_store.write_heartbeat(conn, clock)
         stage = "sweep"
         budget = settings.archive_wakeups_per_tick
-        _sweep_and_publish(engine, storages, budget, publish, clock, report)
+        _sweep_and_publish(engine, storages, paused, budget, publish, clock, report)
     except TransientError:
         raise
     except Exception as exc:
@@ -304,6 +309,7 @@ def _report(outcome: _Outcome, report: TickReport) -> None:
 def _sweep_and_publish(
     engine: Engine,
     storages: list[bytes],
+    paused: list[Scope],
     budget: int,
     publish: Publisher,
     clock: Clock,
@@ -314,8 +320,6 @@ def _sweep_and_publish(
     storage paused as a whole is skipped); jobs waiting for another reason get theirs as
     before, so that they run again within a tick of the reason ending."""
     remaining = budget
-    with engine.connect() as conn:
-        paused = control_store.pauses(conn)
     for index, storage_id in enumerate(storages):
         if remaining <= 0:
             return

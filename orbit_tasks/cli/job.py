@@ -21,6 +21,7 @@ from orbit_tasks.archive.engine.storage import JobFiles
 from orbit_tasks.archive.engine.verify import export_roots, verify_job_dir
 from orbit_tasks.archive.format.expectation import ChainExpectation
 from orbit_tasks.archive.jobs import Job, JobFailure, JobState
+from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
@@ -28,7 +29,7 @@ from orbit_tasks.archive.wakeups import publish_wakeup
 from orbit_tasks.cli.common import SIZE, emit, emit_list, iso_utc, json_option
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.engine import db_now
-from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.db.registry import platform_engine, source_engine
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import resolve_namespace
@@ -193,10 +194,13 @@ def job_watch(ns: str, job: str, interval: float, timeout: float | None, as_json
     ns_id, j = _load(ns, job)
     with platform_engine().connect() as conn:
         try:
-            rng = store.job_range(conn, j)
-            total: int | None = source.count_roots(conn, j.kind, ns_id, rng)
+            rng: ArchiveRange | None = store.job_range(conn, j)
         except JobFailure:
-            total = None
+            rng = None
+    total: int | None = None
+    if rng is not None:  # counted where the archive reads history (a replica when one is set)
+        with source_engine().connect() as conn:
+            total = source.count_roots(conn, j.kind, ns_id, rng)
     started = time.monotonic()
     last = None
     while True:

@@ -1,4 +1,5 @@
-"""``orbit plan set|list|show``: periodic archive plans per (namespace, kind) (SPEC §4, §9)."""
+"""``orbit plan set|list|show|preview``: periodic archive plans per (namespace, kind) (SPEC §4,
+§9); ``preview`` shows what a job created now would archive, and writes nothing."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from typing import Any
 import click
 
 from orbit_tasks.archive import plans as schedule
+from orbit_tasks.archive.engine import preview as plan_preview
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, json_option
-from orbit_tasks.db.engine import db_now
-from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.db.engine import DB_CLOCK, db_now
+from orbit_tasks.db.registry import platform_engine, source_engine
 from orbit_tasks.errors import NotFound
 from orbit_tasks.ids import from_hex
 from orbit_tasks.platform.store import list_namespaces, resolve_namespace
@@ -191,6 +193,106 @@ def plan_show(ns: str, kind: str, as_json: bool) -> None:
         f"updated_at      {data['updated_at']}",
     ]
     click.echo("\n".join(lines))
+
+
+@plan_group.command("preview")
+@click.argument("ns")
+@click.argument("kind")
+@json_option
+def plan_preview_cmd(ns: str, kind: str, as_json: bool) -> None:
+    """Show what a job of NS and KIND created now would archive; writes nothing.
+
+    The range by the SPEC §5 rule, exact counts of its roots and children, bytes and files
+    estimated from a sample of its roots, and what the next tick would do with the plan.
+    """
+    schedule.validate_kind(kind)
+    settings = get_settings()
+    primary, src_engine = platform_engine(), source_engine()
+    with primary.connect() as conn:
+        namespace = resolve_namespace(conn, ns)
+        plan = plan_store.get_plan(conn, namespace.id, kind)
+        if plan is None:
+            raise NotFound(f"namespace {namespace.name!r} has no {kind!r} plan")
+        conn.rollback()  # read only: nothing to commit
+    job = plan_preview.prospective_job(plan, plan.updated_at)  # its scope: storage, ns, kind
+    controls = plan_preview.controls_now(primary, job, settings, DB_CLOCK)
+    with primary.connect() as conn:
+        if src_engine is primary:
+            result = plan_preview.preview(conn, conn, plan, DB_CLOCK, controls=controls)
+        else:
+            with src_engine.connect() as src:
+                result = plan_preview.preview(
+                    conn, src, plan, DB_CLOCK, controls=controls, replica=True
+                )
+                src.rollback()
+        conn.rollback()  # read only: nothing to commit
+    data = result.to_dict()
+    data["namespace"] = namespace.name
+    data["source"] = "primary" if src_engine is primary else "replica"
+    if as_json:
+        emit(data, True)
+        return
+    click.echo(_preview_text(data))
+
+
+def _preview_text(d: dict[str, Any]) -> str:
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "no"
+
+    children = ", ".join(f"{t} {n}" for t, n in sorted(d["children"].items())) or "-"
+    if d["policy_missing"]:
+        rng = "-  ** POLICY_MISSING: the plan's policy revision row is gone **"
+    else:
+        rng = f"[{d['range_from'] or 'beginning'}, {d['range_until']})"
+    if d["estimated_bytes"] is None:
+        est_bytes, est_files = "-", "-"
+    else:
+        est_bytes = (
+            f"~{format_size(d['estimated_bytes'])} ({d['estimated_bytes']}; "
+            f"{d['bytes_per_root']} B/root from {d['sample_roots']} sampled roots)"
+            + ("  ** OVER max_bytes **" if d["over_budget"] else "")
+        )
+        est_files = f"~{d['estimated_files']} (manifest + batches of ~{d['roots_per_file']} roots)"
+    active = d["active_job_id"] or "-"
+    if d["active_job_id"]:
+        active += f" ({d['active_job_state'] or 'missing'})"
+    lines = [
+        f"plan            {d['namespace']}/{d['kind']} (revision {d['plan_revision']})",
+        f"now             {d['now']}",
+        f"range           {rng}",
+        f"roots           {d['roots']}",
+        f"children        {children}",
+        f"bytes           {est_bytes}",
+        f"files           {est_files}",
+        f"max_bytes       {format_size(d['max_bytes'])} ({d['max_bytes']})",
+        f"batch_size      {d['batch_size']}",
+        f"source          {d['source']}",
+        f"enabled         {yes(d['enabled'])}",
+        f"policy          revision {d['policy_revision']}, latest "
+        f"{d['latest_policy_revision']}"
+        + ("" if d["policy_confirmed"] else "  ** POLICY UNCONFIRMED: no new jobs **"),
+        f"due             {yes(d['due'])} (next_run_at {d['next_run_at']})",
+        f"active_job      {active}",
+        f"next tick       {d['tick_action']}",
+        f"controls        {_controls_text(d)}",
+    ]
+    if d["replica_beat_at"] is not None or d["source"] == "replica":
+        lines.append(f"replica beat    {d['replica_beat_at'] or '- (none applied yet)'}")
+    return "\n".join(lines)
+
+
+def _controls_text(d: dict[str, Any]) -> str:
+    parts = []
+    if d["paused"]:
+        parts.append("PAUSED")
+    if d["throttled"]:
+        parts.append(f"throttled to {d['max_roots_per_second']} roots/s")
+    windows = [w for c in d["controls"] if c["control"] == "window" for w in c["windows"]]
+    if windows:
+        where = "OUTSIDE" if d["outside_window"] else "inside"
+        parts.append(f"{where} its window ({' '.join(windows)} UTC)")
+    text = ", ".join(parts) or "none in force"
+    return text + (f"; a claim now would wait: {d['wait_now']}" if d["wait_now"] else "")
 
 
 def register(cli: click.Group) -> None:

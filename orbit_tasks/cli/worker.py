@@ -1,12 +1,14 @@
 """``orbit worker archive|control|sender`` and ``orbit beat``: start Celery processes (SPEC §7).
 
 Every worker gets an explicit queue list (``-Q``), fair scheduling and prefetch 1 (celeryconfig).
-``worker archive`` first reads and verifies each volume's identity file (exit 2 when it is missing
-or unreadable, exit 3 when two paths hold the same storage) and that its storage is registered in
-the platform database (exit 4), then passes the mounted volumes to the worker processes in
-``ORBIT_ARCHIVE_VOLUMES`` and replaces itself with ``celery worker`` (``os.execve``). A volume
-may be ``s3://BUCKET/PREFIX``: its location comes from the registry and its identity object is
-read and verified the same way (issue 18); folders and S3 storages mix.
+``worker archive`` also checks the archive's replica (``ORBIT_ARCHIVE_SOURCE_URL``: it answers
+and its history tables are the platform database's), then reads and verifies each volume's
+identity file (exit 2 when it is missing or unreadable, exit 3 when two paths hold the same
+storage) and that its storage is registered in the platform database (exit 4), then passes the
+mounted volumes to the worker processes in ``ORBIT_ARCHIVE_VOLUMES`` and replaces itself with
+``celery worker`` (``os.execve``). A volume may be ``s3://BUCKET/PREFIX``: its location comes
+from the registry and its identity object is read and verified the same way (issue 18);
+folders and S3 storages mix.
 
 Every process first checks the schema of the database its tasks use (SPEC §12, docs/schema.md)
 and refuses to start, in one line naming the table and the command that fixes it, when a table is
@@ -33,7 +35,13 @@ from orbit_tasks.errors import ConflictError, NotFound
 from orbit_tasks.platform import store
 from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE, queue_name
 from orbit_tasks.settings import get_settings
-from orbit_tasks.start_checks import CHECKED_ENV, beat_chains, checked_marker
+from orbit_tasks.start_checks import (
+    CHECKED_ENV,
+    SOURCE_CHECKED,
+    beat_chains,
+    checked_marker,
+    require_source,
+)
 
 VOLUMES_ENV = "ORBIT_ARCHIVE_VOLUMES"
 
@@ -149,6 +157,8 @@ def worker_archive(
     """Consume the queues of the given volumes (and orbit.control unless --no-control)."""
     env = dict(os.environ)
     _require_schemas(env, "platform")
+    require_source()  # the replica of ORBIT_ARCHIVE_SOURCE_URL answers and has the same tables
+    env[CHECKED_ENV] += f",{SOURCE_CHECKED}"
     mounted: dict[str, Path | S3Location] = {}
     given: dict[str, str] = {}
     with platform_engine().connect() as conn:

@@ -5,6 +5,9 @@ An embedded SQLite file is created only by the command that creates the schema (
 upgrade to run, instead of leaving an empty database file behind (a refused command writes
 nothing, docs/cli.md).
 
+The archive's source (``ORBIT_ARCHIVE_SOURCE_URL``, a replica) gets an engine of its own with
+the platform database's bounds; without it the source is the platform engine itself.
+
 Every session sets the bounds of :mod:`orbit_tasks.db.session_bounds` derived from the lease of
 the work on that database: the archive lease for the platform database, the sender lease for the
 business database (docs/operations.md "Partitions and frozen nodes").
@@ -61,6 +64,22 @@ def platform_engine(*, create: bool = False) -> Engine:
         "ORBIT_DATABASE_URL",
         "orbit db upgrade",
         create,
+        settings.archive_lease_seconds,
+    )
+
+
+def source_engine() -> Engine:
+    """Where the archive reads history (the manifest's count, every batch, ``plan preview``):
+    ``ORBIT_ARCHIVE_SOURCE_URL`` (a replica) when it is set, else the platform database. Its
+    sessions have the platform database's bounds (the archive lease)."""
+    settings = get_settings()
+    if settings.archive_source_url is None:
+        return platform_engine()
+    return _engine(
+        settings.archive_source_url,
+        "ORBIT_ARCHIVE_SOURCE_URL",
+        "orbit db upgrade",  # never used: a source URL is MySQL/MariaDB (settings)
+        False,
         settings.archive_lease_seconds,
     )
 

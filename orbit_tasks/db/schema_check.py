@@ -437,3 +437,31 @@ def require_schema(engine: Engine, chain: Chain, *, allow_unreachable: bool = Fa
     if not report.ok:
         raise SchemaNotReady(report.one_line())
     warn_unless_bounded(engine, chain)
+
+
+def require_same_tables(primary: Engine, replica: Engine, names: Sequence[str], shown: str) -> None:
+    """Raise :class:`SchemaNotReady` (one line starting with ``shown``: the replica's variable and
+    URL, password hidden)
+    unless every table of ``names`` exists on ``replica`` exactly as on ``primary``: the same
+    columns (types, nullability, defaults, collations, order), indexes, CHECKs and options,
+    compared as ``db check`` compares them (docs/schema.md). An unreachable server raises the
+    driver's error (the CLI prints "database unavailable" naming the variable)."""
+    with primary.connect() as conn:
+        want = reported_facts(conn, names)
+    with replica.connect() as conn:
+        got = reported_facts(conn, names)
+    for name in names:
+        if name not in want:
+            continue  # the primary's own schema check names a table it lacks
+        if name not in got:
+            raise SchemaNotReady(
+                f"{shown}: table {name} is missing on the replica (the archive reads it there)"
+            )
+        diffs = table_differences(want[name], got[name])
+        if diffs:
+            more = f"; {len(diffs) - 1} more" if len(diffs) > 1 else ""
+            raise SchemaNotReady(
+                f"{shown}: table {name} differs from the platform database's ({diffs[0]}{more}); "
+                "the archive reads it there and needs the same definition"
+            )
+    warn_unless_bounded(replica, "archive source")  # its sessions carry the platform's bounds

@@ -57,3 +57,12 @@ def history_kind(name: str) -> HistoryKind:
     except KeyError:
         allowed = ", ".join(HISTORY_KINDS)
         raise InvalidInput(f"kind {name!r} is not a history kind (allowed: {allowed})") from None
+
+
+def source_table_names() -> list[str]:
+    """Every table the archive reads history from: the root and child tables of every kind."""
+    names: list[str] = []
+    for hk in HISTORY_KINDS.values():
+        names.append(hk.root.name)
+        names.extend(c.table.name for c in hk.children)
+    return names

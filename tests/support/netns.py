@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,8 +22,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-MARIADBD = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
-INSTALL_DB = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
+from tests.support.mariadb_server import PrivateMariaDB, free_port, wait_port
+
+__all__ = ["Host", "PrivateRedis", "free_port", "hosts", "private_mariadb", "private_redis"]
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
@@ -33,12 +33,6 @@ def require_tools() -> None:
     assert os.geteuid() == 0, "network namespace tests need root"
     for tool in ("ip", "iptables"):
         assert shutil.which(tool), f"{tool} is missing (run scripts/bootstrap.sh)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(*args: str) -> None:
@@ -100,47 +94,15 @@ def hosts(count: int) -> Iterator[list[Host]]:
                 _run("ip", "link", "del", f"orb{h.name[5:]}h")
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{what} did not start: {log.read_text()}") from None
-            time.sleep(0.2)
-
-
 @contextmanager
 def private_mariadb() -> Iterator[int]:
     """A throw-away MariaDB on every address (no grant tables); yields its port."""
-    datadir = Path(tempfile.mkdtemp(prefix="orbit-test-mariadb-"))
-    port = free_port()
-    proc: subprocess.Popen[bytes] | None = None
+    server = PrivateMariaDB(bind="0.0.0.0")
     try:
-        subprocess.run(
-            [INSTALL_DB, "--no-defaults", f"--datadir={datadir}", "--user=root",
-             "--auth-root-authentication-method=normal", "--skip-test-db"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
-        log = datadir / "server.log"
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                [MARIADBD, "--no-defaults", f"--datadir={datadir}", "--user=root",
-                 f"--port={port}", "--bind-address=0.0.0.0", f"--socket={datadir / 'sock'}",
-                 f"--pid-file={datadir / 'pid'}", "--skip-grant-tables", "--skip-log-bin",
-                 "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
-                 "--innodb-log-file-size=16M"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        _wait_port(port, proc, "mariadbd", log)
-        yield port
+        server.start()
+        yield server.port
     finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait(timeout=30)
-        shutil.rmtree(datadir, ignore_errors=True)
+        server.remove()
 
 
 class PrivateRedis:
@@ -161,7 +123,7 @@ class PrivateRedis:
                  "--dir", str(self.workdir)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-        _wait_port(self.port, self.proc, "redis-server", self.log)
+        wait_port(self.port, self.proc, "redis-server", self.log)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -1,6 +1,7 @@
 """docs/operations.md is the runbook the alerts link to (``docs/operations.md#<alert-lowercase>``):
-every alert, every archive error code and every sender REVIEW code has its section, and every
-``orbit`` command line it tells an operator to run exists with the options it uses."""
+every alert, every archive error code and wait reason and every sender REVIEW code has its
+section, and every ``orbit`` command line it tells an operator to run exists with the options it
+uses."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from orbit_tasks.archive.controls import WaitReason
 from orbit_tasks.archive.jobs import ErrorCode
 from orbit_tasks.cli.main import cli
 from orbit_tasks.sender.policy import RETRY_CODES, REVIEW_CODES
@@ -58,6 +60,13 @@ def test_every_archive_error_code_has_its_section() -> None:
     anchors = _anchors()
     for code in ErrorCode:
         assert code.value.lower() in anchors, code
+
+
+def test_every_archive_wait_reason_has_its_section() -> None:
+    anchors = _anchors()
+    assert "archive-wait-reasons" in anchors
+    for reason in WaitReason:
+        assert reason.value.lower() in anchors, reason
 
 
 def test_every_sender_code_is_explained() -> None:

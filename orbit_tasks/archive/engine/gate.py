@@ -52,6 +52,7 @@ class Gate:
     last_load: float = field(default=-1e9)
     threads_running: int | None = None
     charged_seq: int = -1  # the file whose roots the throttles were charged for
+    extra: dict[str, object] = field(default_factory=dict)  # Situation.extra (replica's beat)
 
     @property
     def max_threads(self) -> int | None:
@@ -82,6 +83,7 @@ class Gate:
             threads_running=self.threads_running,
             max_threads_running=self.max_threads,
             throttle_wait=throttle_wait,
+            extra=self.extra,
         )
 
     def throttle_keys(self) -> list[str]:

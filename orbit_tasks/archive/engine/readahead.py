@@ -199,7 +199,7 @@ class ReadAhead:
                     chunk = source.read_chunk(
                         conn, job.kind, job.namespace_id, self._rng, cursor, limit
                     )
-                items = _encode(encoder, chunk, last)
+                items = encode_chunk(encoder, chunk, last)
                 encoded_bytes += sum(len(line) for _, line in items)
                 encoded_roots += len(items)
                 if not self._put(self._lines, _Lines(items, chunk.has_more)) or not chunk.has_more:
@@ -228,7 +228,7 @@ class ReadAhead:
             batch = [pending[i] for i in range(take)]
             final = not has_more and take == len(pending)
             data, roots, final = claims.fit_to_cap(
-                _builder(job, seq, prev, batch), take, final, self._cap
+                batch_builder(job, seq, prev, batch), take, final, self._cap
             )
             for _ in range(roots):
                 pending.popleft()
@@ -244,7 +244,7 @@ class ReadAhead:
             seq, prev = seq + 1, sha
 
 
-def _builder(
+def batch_builder(
     job: Job, seq: int, prev: str, batch: list[tuple[Key, bytes]]
 ) -> Callable[[int, bool], bytes]:
     """Builds the file of the first ``n`` roots of ``batch`` (for :func:`fit_to_cap`)."""
@@ -258,7 +258,7 @@ def _builder(
     return build
 
 
-def _encode(
+def encode_chunk(
     encoder: LineEncoder, chunk: source.RootChunk, last: Key | None
 ) -> list[tuple[Key, bytes]]:
     """The chunk's roots as (key, canonical line), in strictly increasing key order after

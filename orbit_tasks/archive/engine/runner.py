@@ -29,13 +29,14 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 
 from orbit_tasks import counters, failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
-from orbit_tasks.archive.controls import WaitReason
+from orbit_tasks.archive.controls import REPLICA_BEAT, WaitReason
 from orbit_tasks.archive.engine import gate, leftovers, verify
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
@@ -51,6 +52,7 @@ from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
     JobFailure,
+    claimable,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import controls as control_store
@@ -60,6 +62,7 @@ from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
+from orbit_tasks.db.registry import source_engine as registry_source_engine
 from orbit_tasks.errors import InvalidInput, LeaseLost
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
@@ -98,6 +101,7 @@ class _Chain:
 
     engine: Engine
     conn: Connection  # the chain's one connection for its claims and confirms
+    source_db: Engine  # where history is read: the replica, or ``engine`` itself
     claim: store.Claim
     volume: Storage  # a folder or an S3 prefix (engine/storage.py)
     directory: JobFiles
@@ -105,6 +109,7 @@ class _Chain:
     clock: Clock
     deadline: float  # monotonic end of the time slice
     gate: Gate | None = None  # the controls of the chain (None: off, the bench's baseline)
+    stopped: WaitReason | None = None  # why the chain released at a batch boundary
     rng: ArchiveRange | None = None  # derived once per chain
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
@@ -118,15 +123,21 @@ def run_job(
     settings: Settings,
     *,
     engine: Engine | None = None,
+    source_engine: Engine | None = None,
     publish: Publisher | None = None,
     clock: Clock = DB_CLOCK,
 ) -> Outcome:
-    """Handle one wake-up. Returns an outcome word (for logs and tests): ``missing``,
-    ``not_mounted``, ``not_claimed``, ``waiting``, ``succeeded``, ``failed``, ``released``,
-    ``stopped``, ``lease_lost``, ``transient``."""
+    """Handle one wake-up; plans, leases and confirms on ``engine`` (the platform database),
+    the manifest's count and every batch read on ``source_engine`` (``ORBIT_ARCHIVE_SOURCE_URL``,
+    a replica; default: the registry's source when ``engine`` is the registry's too, else
+    ``engine``). Returns an outcome word (for logs and tests): ``missing``, ``not_mounted``,
+    ``not_claimed``, ``waiting``, ``succeeded``, ``failed``, ``released``, ``stopped``,
+    ``lease_lost``, ``transient``."""
     started = time.monotonic()
     if engine is None:
         engine = platform_engine()
+        source_engine = source_engine or registry_source_engine()
+    source_engine = source_engine or engine
     ns_id, job_id = from_hex(ns_hex, "namespace id"), from_hex(job_hex, "job id")
     try:
         with engine.connect() as conn:
@@ -146,8 +157,12 @@ def run_job(
             g = None
             if settings.archive_controls:
                 g = gate.open_gate(conn, gate.view(job), settings, clock)
-                if _wait_before_claim(conn, g, job, started) is not None:
-                    return Outcome.WAITING
+                # only a job this wake-up could claim waits (a live or final one: not_claimed)
+                if claimable(job.state, job.lease_until, g.db_now):
+                    if source_engine is not engine:  # a replica: has it applied the job's tick?
+                        g.extra[REPLICA_BEAT] = _replica_beat(source_engine)
+                    if _wait_before_claim(conn, g, job, started) is not None:
+                        return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
@@ -168,8 +183,8 @@ def run_job(
             failpoints.hit("archive.after_claim")
             storage = _open(volume, settings)
             ch = _Chain(
-                engine, conn, c, storage, storage.job(ns_id, job_id), settings, clock,
-                started + settings.archive_slice_seconds, g,
+                engine, conn, source_engine, c, storage, storage.job(ns_id, job_id), settings,
+                clock, started + settings.archive_slice_seconds, g,
             )  # fmt: skip
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
@@ -193,6 +208,12 @@ def run_job(
             )  # fmt: skip
             return Outcome.TRANSIENT
         raise
+
+
+def _replica_beat(source_engine: Engine) -> datetime | None:
+    """The tick heartbeat as the replica has applied it (one statement on the replica)."""
+    with source_engine.connect() as conn:
+        return source.replica_beat(conn)
 
 
 def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
@@ -226,7 +247,11 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
         _lost(ch.claim)
         return Outcome.LEASE_LOST
     if outcome is Outcome.STOPPED:
-        return outcome  # no continuation: the tick wakes waiting jobs up
+        # no continuation (the tick wakes waiting jobs up), except for the throttle: its wait
+        # is a turn of seconds, which the next claim sleeps before claiming
+        if ch.stopped is WaitReason.THROTTLED:
+            _publish_continuation(ch, publish)
+        return outcome
     if outcome is Outcome.RELEASED:
         job = ch.claim.job
         log_action(log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id)
@@ -280,7 +305,7 @@ def _claims(ch: _Chain) -> Outcome:
             ch.rng = store.job_range(ch.conn, ch.claim.job)  # once per chain (POLICY_MISSING)
         _verify_prefix(ch)  # step 2
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
-            data, total = manifest_file(ch.conn, ch.claim.job, ch.rng)
+            data, total = _source_manifest(ch)
             sha = fv.sha256_hex(data)
             manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
@@ -331,7 +356,7 @@ def _batches(ch: _Chain) -> Outcome:
     job = ch.claim.job
     assert ch.rng is not None
     with (
-        ReadAhead(ch.engine, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead,
+        ReadAhead(ch.source_db, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead,
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
         upcoming: PreparedBatch | None | NotReady = ahead.next()
@@ -436,11 +461,27 @@ def _carry_tail(ch: _Chain, report: VerifyReport) -> None:
     ch.tail_final = report.final or (report.batches == 0 and report.roots_total == 0)
 
 
+def _source_manifest(ch: _Chain) -> tuple[bytes, int]:
+    """The manifest, its roots counted on the source (the chain's own connection when the
+    source is the platform database)."""
+    assert ch.rng is not None
+    if ch.source_db is ch.engine:
+        return manifest_file(ch.conn, ch.claim.job, ch.rng)
+    with ch.source_db.connect() as conn:
+        return manifest_file(conn, ch.claim.job, ch.rng)
+
+
 def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
-    """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total``."""
+    """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total`` (counted on
+    ``conn``: the source's connection)."""
     with conn.begin():
         total = source.count_roots(conn, job.kind, job.namespace_id, rng)
-    data = fm.build_manifest(
+    return manifest_bytes(job, rng, total), total
+
+
+def manifest_bytes(job: Job, rng: ArchiveRange, roots_total: int) -> bytes:
+    """The manifest of ``job`` for its range and ``roots_total``."""
+    return fm.build_manifest(
         namespace_id=job.namespace_id,
         job_id=job.id,
         kind=job.kind,
@@ -450,11 +491,10 @@ def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes,
         batch_size=job.batch_size,
         range_from=rng.from_,
         range_until=rng.until,
-        roots_total=total,
+        roots_total=roots_total,
         source=fm.source_descriptor(history_kind(job.kind)),
         created_at=job.created_at,
     )
-    return data, total
 
 
 def _admit(ch: _Chain, f: _File, bytes_before: int) -> ErrorCode | None:
@@ -552,6 +592,7 @@ def _confirm(
 def _stopped(ch: _Chain, reason: WaitReason) -> None:
     """Released at a batch boundary for ``reason``: the job's wait starts now."""
     job = ch.claim.job
+    ch.stopped = reason
     assert ch.gate is not None
     with atomic(ch.conn):
         control_store.record_wait(
@@ -618,7 +659,7 @@ def _loop(
         conn = single_statements(conn)
         storage = _open(volume, settings)
         ch = _Chain(
-            engine, conn, c, storage, storage.job(c.job.namespace_id, c.job.id), settings,
-            clock, time.monotonic() + settings.archive_slice_seconds,
+            engine, conn, engine, c, storage, storage.job(c.job.namespace_id, c.job.id),
+            settings, clock, time.monotonic() + settings.archive_slice_seconds,
         )  # fmt: skip
         return _run_chain(ch, publish)

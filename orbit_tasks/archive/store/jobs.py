@@ -41,7 +41,7 @@ from orbit_tasks.archive.jobs import (
     is_takeover,
 )
 from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
-from orbit_tasks.archive.store.controls import generation_query
+from orbit_tasks.archive.store.controls import GENERATION_SQL
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
@@ -274,7 +274,7 @@ def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: boo
         J.c.last_sha256 == bindparam("w_tail"),
     ]
     if guarded:
-        cond.append(generation_query() == bindparam("w_gen"))
+        cond.append(bindparam("w_gen") == GENERATION_SQL)
     return update(J).where(*cond).values(**values)
 
 
@@ -520,13 +520,26 @@ def job_range(conn: Connection, job: Job) -> ArchiveRange:
     ``until`` of one revision belongs to its latest job), then those policy rows. Raises
     ``JobFailure(POLICY_MISSING)`` when a policy revision row it needs is gone.
     """
-    earlier = conn.execute(earlier_successes_query(job)).all()
+    return range_at(conn, job.namespace_id, job.kind, job.policy_revision, job.created_at, job.id)
+
+
+def range_at(
+    conn: Connection,
+    ns_id: bytes,
+    kind: str,
+    policy_revision: int,
+    created_at: datetime,
+    job_id: bytes,
+) -> ArchiveRange:
+    """:func:`job_range` of a job with these fields, whether it exists or not (``orbit plan
+    preview``: the job a tick would create now)."""
+    earlier = conn.execute(earlier_successes_before(ns_id, kind, created_at, job_id)).all()
     latest = {int(rev): created for rev, created in earlier}
-    after = policy_seconds(conn, job.namespace_id, job.kind, {job.policy_revision, *latest})
+    after = policy_seconds(conn, ns_id, kind, {policy_revision, *latest})
     return derive_range(
         RangeInputs(
-            job.created_at,
-            after[job.policy_revision],
+            created_at,
+            after[policy_revision],
             tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
         )
     )
@@ -535,15 +548,20 @@ def job_range(conn: Connection, job: Job) -> ArchiveRange:
 def earlier_successes_query(job: Job) -> Any:
     """(policy_revision, latest created_at) of the SUCCEEDED jobs of (namespace, kind) created
     before ``job`` (``created_at < :c OR (created_at = :c AND id < :id)``, ix_archive_job_list)."""
+    return earlier_successes_before(job.namespace_id, job.kind, job.created_at, job.id)
+
+
+def earlier_successes_before(ns_id: bytes, kind: str, created_at: datetime, job_id: bytes) -> Any:
+    """:func:`earlier_successes_query` of a job with these fields."""
     return (
         select(J.c.policy_revision, func.max(J.c.created_at))
         .where(
-            J.c.namespace_id == job.namespace_id,
-            J.c.kind == job.kind,
+            J.c.namespace_id == ns_id,
+            J.c.kind == kind,
             J.c.state == JobState.SUCCEEDED.value,
             or_(
-                J.c.created_at < job.created_at,
-                and_(J.c.created_at == job.created_at, J.c.id < job.id),
+                J.c.created_at < created_at,
+                and_(J.c.created_at == created_at, J.c.id < job_id),
             ),
         )
         .group_by(J.c.policy_revision)

@@ -31,13 +31,17 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.archive import plans
+from orbit_tasks.db.engine import Clock, is_mysql
 from orbit_tasks.db.platform_tables import (
     archive_jobs,
     archive_plans,
     archive_policies,
+    heartbeat,
     namespaces,
 )
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevision
@@ -509,6 +513,25 @@ def tick_update_statement(writes: Sequence[TickWrite]) -> tuple[TextClause, dict
     return _tick_update_shape(size), params
 
 
+def new_job_row(plan: Plan, job_id: bytes, now: dt.datetime) -> dict[str, Any]:
+    """The row of the PENDING job a tick creates for ``plan`` at ``now``: the frozen fields
+    from the plan as seen, ``created_at = updated_at = now`` (the other columns take their
+    defaults)."""
+    return dict(
+        namespace_id=plan.namespace_id,
+        id=job_id,
+        kind=plan.kind,
+        plan_revision=plan.revision,
+        policy_revision=plan.policy_revision,
+        storage_id=plan.storage_id,
+        batch_size=plan.batch_size,
+        max_bytes=plan.max_bytes,
+        state="PENDING",
+        created_at=now,
+        updated_at=now,
+    )
+
+
 def write_tick(conn: Connection, writes: Sequence[TickWrite], now: dt.datetime) -> None:
     """Apply a tick's decisions for a page of plans in two statements: the compare-and-set
     UPDATE of every plan row, then one multi-row INSERT of the new PENDING jobs (frozen fields
@@ -520,25 +543,31 @@ def write_tick(conn: Connection, writes: Sequence[TickWrite], now: dt.datetime) 
     result = conn.execute(statement, params)
     if result.rowcount != len(writes):
         raise TickConflict(f"{len(writes) - result.rowcount} of {len(writes)} plans changed")
-    jobs = [
-        dict(
-            namespace_id=w.plan.namespace_id,
-            id=w.job_id,
-            kind=w.plan.kind,
-            plan_revision=w.plan.revision,
-            policy_revision=w.plan.policy_revision,
-            storage_id=w.plan.storage_id,
-            batch_size=w.plan.batch_size,
-            max_bytes=w.plan.max_bytes,
-            state="PENDING",
-            created_at=now,
-            updated_at=now,
-        )
-        for w in writes
-        if w.job_id is not None
-    ]
+    jobs = [new_job_row(w.plan, w.job_id, now) for w in writes if w.job_id is not None]
     if jobs:
         conn.execute(insert(archive_jobs), jobs)
+
+
+# --- the replica heartbeat ---------------------------------------------------------------------
+
+HEARTBEAT_ID = 1  # the table's one row
+
+
+def write_heartbeat(conn: Connection, clock: Clock) -> None:
+    """The tick's beat on the primary (docs/operations.md "Read from a replica"): the one row's
+    ``beat_at`` set to the clock inside the statement, created on first use. Written after the
+    tick's jobs committed, so every job created before has ``created_at <= beat_at``; a replica
+    that shows this beat has applied those jobs' transactions and every write committed before."""
+    values = {"id": HEARTBEAT_ID, "beat_at": clock.sql()}
+    if is_mysql(conn):
+        stmt: Any = mysql_insert(heartbeat).values(values)
+        stmt = stmt.on_duplicate_key_update(beat_at=stmt.inserted.beat_at)
+    else:
+        stmt = sqlite_insert(heartbeat).values(values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[heartbeat.c.id], set_={"beat_at": stmt.excluded.beat_at}
+        )
+    conn.execute(stmt)
 
 
 # --- sweep --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from orbit_tasks.archive.format.lines import LineEncoder
 from orbit_tasks.archive.format.values import parse_ts
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.engine import is_mysql
+from orbit_tasks.db.platform_tables import heartbeat
 from orbit_tasks.platform.history import ChildSpec, HistoryKind, history_kind
 
 #: DATE_FORMAT spelling of the archive's ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (SPEC §6).
@@ -199,3 +200,44 @@ def root_keys_in_range(conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRa
     hk = history_kind(kind)
     q = select(hk.root.c.id).where(*_range_cond(hk, ns_id, rng)).order_by(hk.settled, hk.root.c.id)
     return [bytes(r[0]) for r in conn.execute(q)]
+
+
+def count_children(conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange) -> dict[str, int]:
+    """Rows of each child table whose root lies in the range (``orbit plan preview``)."""
+    hk = history_kind(kind)
+    out: dict[str, int] = {}
+    for child in hk.children:
+        if rng.empty:
+            out[child.table.name] = 0
+            continue
+        table = child.table
+        on = and_(
+            table.c.namespace_id == hk.root.c.namespace_id,
+            table.c[child.parent_column] == hk.root.c.id,
+        )
+        q = (
+            select(func.count())
+            .select_from(hk.root.join(table, on))
+            .where(*_range_cond(hk, ns_id, rng))
+        )
+        out[table.name] = int(conn.execute(q).scalar_one())
+    return out
+
+
+def settled_span(
+    conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange
+) -> tuple[datetime, datetime] | None:
+    """The earliest and the latest settled time of the range's roots; None without roots."""
+    if rng.empty:
+        return None
+    hk = history_kind(kind)
+    q = select(func.min(hk.settled), func.max(hk.settled)).where(*_range_cond(hk, ns_id, rng))
+    first, last = conn.execute(q).one()
+    if first is None:
+        return None
+    return first, last  # typed by the column (SQLAlchemy's min/max keep the argument's type)
+
+
+def replica_beat(conn: Connection) -> datetime | None:
+    """The last tick's heartbeat as the source has applied it (None: not yet replicated)."""
+    return conn.execute(select(func.max(heartbeat.c.beat_at))).scalar()

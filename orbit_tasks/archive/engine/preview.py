@@ -1,0 +1,276 @@
+"""What a job created now would archive (``orbit plan preview``, issue 16 item 6); writes nothing.
+
+The prospective job is the row a tick would insert for the plan at the database clock's ``now``
+(:func:`plan_store.new_job_row`); its range comes from the same :func:`store.jobs.range_at` the
+runner derives every job's range with (SPEC §5), so the preview and the job agree by
+construction. Roots and children in the range are exact counts on the source (the replica when
+``ORBIT_ARCHIVE_SOURCE_URL`` is set, like the manifest's count). Bytes and files are estimated
+from a sample (docs/cli.md "orbit plan preview"): up to ``SAMPLE_ROOTS`` roots read at
+``SAMPLE_POINTS`` evenly spaced settled times of the range, encoded into lines by the runner's
+own encoder and packed into batch files by its own builder and cap rule; the sample's bytes per
+root and roots per file are extrapolated to the range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from orbit_tasks.archive import claims
+from orbit_tasks.archive import controls as control_rules
+from orbit_tasks.archive import plans as plan_rules
+from orbit_tasks.archive.controls import Control, ControlKind, WaitReason
+from orbit_tasks.archive.engine import gate
+from orbit_tasks.archive.engine.readahead import batch_builder, encode_chunk
+from orbit_tasks.archive.engine.runner import manifest_bytes
+from orbit_tasks.archive.format.lines import Key
+from orbit_tasks.archive.jobs import Job, JobFailure
+from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import plans as plan_store
+from orbit_tasks.archive.store import source
+from orbit_tasks.db.engine import Clock
+from orbit_tasks.settings import Settings
+
+SAMPLE_POINTS = 8  # evenly spaced settled times of the range
+SAMPLE_ROOTS = 128  # at most, in total (>= the largest batch size, 100)
+#: Sorts after every real job id: a job created now follows every job created before it.
+PREVIEW_JOB_ID = b"\xff" * 16
+_NEW_JOB = dict(
+    revision=1, attempts=0, batches=0, roots=0, bytes=0, last_sha256="", error_code="",
+    lease_id=None, lease_until=None,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes and files of the job, extrapolated from the sample."""
+
+    sample_roots: int
+    bytes: int  # manifest + batch files
+    files: int  # manifest + batch files
+    bytes_per_root: float
+    roots_per_file: float
+
+
+@dataclass(frozen=True)
+class ControlsNow:
+    """The archive controls over the job's scope now, as the gate before a claim reads them
+    (``engine/gate.py``): those in force and the first reason a claim now would wait for."""
+
+    controls: tuple[Control, ...] = ()
+    wait_now: WaitReason | None = None
+    now: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        throttles = control_rules.throttles(self.controls)
+        windows = [c for c in self.controls if c.kind is ControlKind.WINDOW]
+        return {
+            "paused": any(c.kind is ControlKind.PAUSE for c in self.controls),
+            "throttled": bool(throttles),
+            "max_roots_per_second": min(
+                (c.max_roots_per_second or 0 for c in throttles), default=None
+            ),
+            "outside_window": any(
+                self.now is not None and not control_rules.in_window(c.windows, self.now)
+                for c in windows
+            ),
+            "wait_now": None if self.wait_now is None else self.wait_now.value,
+            "controls": [
+                {
+                    "control": c.kind.value,
+                    "scope": c.scope.key,
+                    "max_roots_per_second": c.max_roots_per_second,
+                    "windows": [str(w) for w in c.windows],
+                    "reason": c.reason,
+                    "actor": c.actor,
+                    "since": _ts(c.since),
+                }
+                for c in self.controls
+            ],
+        }
+
+
+def controls_now(primary: Engine, job: Job, settings: Settings, clock: Clock) -> ControlsNow:
+    """The gate of a claim of ``job`` now, on a connection of its own (read only): the controls
+    in force, and the first wait reason of the checks before a claim (paused, window, db_load,
+    throttled). ``replica_lag`` is left out: a job created now always waits for the next beat."""
+    with primary.connect() as conn:
+        g = gate.open_gate(conn, gate.view(job), settings, clock, waits=False)
+        reason, _wait = g.before_claim(conn)
+    return ControlsNow(g.controls, reason, g.now())
+
+
+@dataclass(frozen=True)
+class Preview:
+    kind: str
+    now: datetime
+    plan: plan_store.Plan
+    latest_policy_revision: int | None
+    namespace_state: str | None
+    tick_action: plan_rules.TickAction
+    active_job_state: str | None
+    range: ArchiveRange | None  # None: the policy revision row is gone (POLICY_MISSING)
+    roots: int = 0
+    children: dict[str, int] = field(default_factory=dict)
+    estimate: Estimate | None = None
+    controls: ControlsNow = field(default_factory=ControlsNow)
+    replica_beat_at: datetime | None = None  # the tick beat the replica shows (with a replica)
+
+    @property
+    def policy_confirmed(self) -> bool:
+        return self.plan.policy_revision == self.latest_policy_revision
+
+    @property
+    def due(self) -> bool:
+        return plan_rules.is_due(self.plan.enabled, self.plan.next_run_at, self.now)
+
+    def to_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        est = self.estimate
+        return {
+            "namespace_id": plan.namespace_id.hex(),
+            "kind": self.kind,
+            "now": _ts(self.now),
+            "range_from": None if self.range is None else _ts(self.range.from_),
+            "range_until": None if self.range is None else _ts(self.range.until),
+            "policy_missing": self.range is None,
+            "roots": self.roots,
+            "children": dict(self.children),
+            "estimated_bytes": None if est is None else est.bytes,
+            "estimated_files": None if est is None else est.files,
+            "sample_roots": 0 if est is None else est.sample_roots,
+            "bytes_per_root": None if est is None else round(est.bytes_per_root, 1),
+            "roots_per_file": None if est is None else round(est.roots_per_file, 1),
+            "max_bytes": plan.max_bytes,
+            "over_budget": est is not None and est.bytes > plan.max_bytes,
+            "batch_size": plan.batch_size,
+            "storage_id": plan.storage_id.hex(),
+            "plan_revision": plan.revision,
+            "enabled": plan.enabled,
+            "policy_revision": plan.policy_revision,
+            "latest_policy_revision": self.latest_policy_revision,
+            "policy_confirmed": self.policy_confirmed,
+            "next_run_at": _ts(plan.next_run_at),
+            "due": self.due,
+            "namespace_state": self.namespace_state,
+            "active_job_id": None if plan.active_job_id is None else plan.active_job_id.hex(),
+            "active_job_state": self.active_job_state,
+            "tick_action": self.tick_action.value,
+            **self.controls.to_dict(),
+            "replica_beat_at": _ts(self.replica_beat_at),
+        }
+
+
+def _ts(value: datetime | None) -> str | None:
+    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def preview(
+    primary: Connection,
+    src: Connection,
+    plan: plan_store.Plan,
+    clock: Clock,
+    *,
+    controls: ControlsNow | None = None,
+    replica: bool = False,
+) -> Preview:
+    """The preview of ``plan``'s next job: plans, policies and jobs read on ``primary``, the
+    source on ``src`` (the same connection without a replica; ``replica``: it is one, and its
+    heartbeat is shown). ``controls``: :func:`controls_now` of the prospective job
+    (:func:`prospective_job`). Reads only."""
+    now = clock.now(primary)
+    ns_id, kind = plan.namespace_id, plan.kind
+    latest = plan_store.latest_policy_revision(primary, ns_id, kind)
+    state = plan_store.namespace_states_shared(primary, [ns_id]).get(ns_id)
+    action = plan_rules.tick_action(
+        enabled=plan.enabled,
+        next_run_at=plan.next_run_at,
+        now=now,
+        namespace_active=state == "ACTIVE",
+        policy_revision=plan.policy_revision,
+        latest_policy_revision=latest,
+        active_job_id=plan.active_job_id,
+    )
+    active_state = None
+    if plan.active_job_id is not None:
+        active = job_store.get_job(primary, ns_id, plan.active_job_id)
+        active_state = None if active is None else active.state.value
+    job = prospective_job(plan, now)
+    ctl = controls or ControlsNow()
+    beat = source.replica_beat(src) if replica else None
+    base = Preview(
+        kind, now, plan, latest, state, action, active_state, None,
+        controls=ctl, replica_beat_at=beat,
+    )  # fmt: skip
+    try:
+        rng = job_store.range_at(primary, ns_id, kind, plan.policy_revision, now, PREVIEW_JOB_ID)
+    except JobFailure:  # POLICY_MISSING: a job created now would fail at its first claim
+        return base
+    roots = source.count_roots(src, kind, ns_id, rng)
+    children = source.count_children(src, kind, ns_id, rng)
+    try:
+        est: Estimate | None = estimate(src, job, rng, roots)
+    except JobFailure:  # SOURCE_INVALID / ROOT_TOO_LARGE: the job would fail; no estimate
+        est = None
+    return Preview(
+        kind, now, plan, latest, state, action, active_state, rng, roots, children, est, ctl, beat
+    )
+
+
+def prospective_job(plan: plan_store.Plan, now: datetime) -> Job:
+    """The PENDING job a tick would create for ``plan`` at ``now`` (never written)."""
+    return Job.from_row({**plan_store.new_job_row(plan, PREVIEW_JOB_ID, now), **_NEW_JOB})
+
+
+def estimate(conn: Connection, job: Job, rng: ArchiveRange, roots: int) -> Estimate:
+    """Bytes and files of ``job`` over ``rng`` (``roots`` roots) from a sample of its roots,
+    encoded and packed exactly as the runner would."""
+    manifest = len(manifest_bytes(job, rng, roots))
+    lines = _sample_lines(conn, job, rng)
+    if roots == 0 or not lines:
+        return Estimate(len(lines), manifest, 1, 0.0, 0.0)
+    cap = claims.file_cap(job.max_bytes)
+    sample_bytes = 0
+    per_file: list[int] = []  # roots of each sample file that had a whole batch to take
+    pending, seq = lines, 1
+    while pending:
+        take = min(job.batch_size, len(pending))
+        build = batch_builder(job, seq, "0" * 64, pending[:take])
+        data, packed, _final = claims.fit_to_cap(build, take, False, cap)
+        sample_bytes += len(data)
+        if take == job.batch_size or packed < take:  # a whole batch, or cut by the cap
+            per_file.append(packed)
+        pending, seq = pending[packed:], seq + 1
+    per_root = sample_bytes / len(lines)
+    roots_per_file = sum(per_file) / len(per_file) if per_file else float(job.batch_size)
+    files = math.ceil(roots / roots_per_file)
+    return Estimate(
+        len(lines), manifest + math.ceil(per_root * roots), 1 + files, per_root, roots_per_file
+    )
+
+
+def _sample_lines(conn: Connection, job: Job, rng: ArchiveRange) -> list[tuple[Key, bytes]]:
+    """Up to ``SAMPLE_ROOTS`` encoded roots: ``SAMPLE_ROOTS / SAMPLE_POINTS`` roots from each of
+    ``SAMPLE_POINTS`` evenly spaced settled times of the range's first to last root, in key
+    order, each root once."""
+    span = source.settled_span(conn, job.kind, job.namespace_id, rng)
+    if span is None:
+        return []
+    first, last = span
+    step = (last - first) / SAMPLE_POINTS
+    per_point = SAMPLE_ROOTS // SAMPLE_POINTS
+    encoder = source.line_encoder(job.kind)
+    seen: dict[Key, bytes] = {}
+    for k in range(SAMPLE_POINTS):
+        at = first + step * k
+        # the cursor (at - 1 us, no id beyond it) starts at the first root settled at `at`
+        cursor = (at - timedelta(microseconds=1), PREVIEW_JOB_ID)
+        chunk = source.read_chunk(conn, job.kind, job.namespace_id, rng, cursor, per_point)
+        for key, line in encode_chunk(encoder, chunk, None):
+            seen.setdefault(key, line)
+    return sorted(seen.items())

@@ -1,0 +1,377 @@
+"""Reading archive history from a replica (issue 16 item 4, ``ORBIT_ARCHIVE_SOURCE_URL``).
+
+A private primary and a private replica ``mariadbd`` (tests/support/replica.py), real
+``orbit worker archive`` processes, real volume directories. The job tables live on the primary
+only in the sense that every write goes there; the replica receives them through replication
+like everything else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text, update
+
+from orbit_tasks.archive.engine import runner
+from orbit_tasks.archive.engine.volume import write_identity
+from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.store import source
+from orbit_tasks.db.engine import make_engine
+from orbit_tasks.db.migrate import upgrade
+from orbit_tasks.db.platform_tables import archive_jobs, heartbeat
+from orbit_tasks.queues import queue_name
+from tests.support.archive_jobs import (
+    LEASE,
+    ArchiveEnv,
+    archive_env,
+    assert_succeeded_exactly,
+    cli_json,
+    create_job,
+    file_snapshot,
+    make_namespace,
+    make_plan,
+    make_volume,
+    seed,
+    wait_for,
+    wait_state,
+)
+from tests.support.cli import assert_one_line_error, orbit_env, run_orbit
+from tests.support.mariadb_server import free_port
+from tests.support.replica import ReplicaPair, replica_pair
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[ReplicaPair]:
+    if os.geteuid() != 0:
+        pytest.fail("the replica tests start mariadbd --user=root and need root")
+    with replica_pair() as p:
+        yield p
+
+
+@pytest.fixture
+def dbs(pair: ReplicaPair) -> Iterator[tuple[str, str, Engine, Engine]]:
+    """A migrated platform database on the primary, replicated: (primary URL, replica URL,
+    primary engine, replica engine)."""
+    with pair.database() as (primary_url, replica_url):
+        primary = make_engine(primary_url)
+        replica = make_engine(replica_url)
+        try:
+            upgrade(primary, "platform")
+            pair.wait_caught_up()
+            yield primary_url, replica_url, primary, replica
+        finally:
+            primary.dispose()
+            replica.dispose()
+
+
+def _checksums(engine: Engine) -> dict[str, object]:
+    with engine.connect() as conn:
+        names = conn.execute(
+            text("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
+        ).scalars()
+        return {n: conn.execute(text(f"CHECKSUM TABLE `{n}` EXTENDED")).one()[1] for n in names}
+
+
+def _rerun_from_primary(ae: object, primary: Engine, done: Job, vol: Path) -> dict[str, bytes]:
+    """The same job (same row, range, created_at) run again from the start, reading the primary,
+    into another directory of the same storage: its files."""
+    write_identity(vol, done.storage_id, "again")
+    with primary.begin() as conn:
+        conn.execute(
+            update(archive_jobs)
+            .where(archive_jobs.c.namespace_id == done.namespace_id, archive_jobs.c.id == done.id)
+            .values(
+                state="PENDING",
+                batches=0,
+                roots=0,
+                bytes=0,
+                last_sha256="",
+                error_code="",
+                lease_id=None,
+                lease_until=None,
+                attempts=0,
+            )  # fmt: skip
+        )
+    settings = ae.settings  # type: ignore[attr-defined]
+    out = runner.run_job(
+        done.namespace_id.hex(), done.id.hex(), {done.storage_id.hex(): vol}, settings,
+        engine=primary, source_engine=primary, publish=lambda *a, **k: None,
+    )  # fmt: skip
+    assert out == "succeeded"
+    return file_snapshot(vol, done)
+
+
+@pytest.mark.slow
+def test_a_job_waits_replica_lag_while_the_sql_thread_is_stopped_then_finishes(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    """A real worker reading the replica: with the replica's SQL thread stopped, a job created
+    after that waits `replica_lag` (no claim, no error code, attempts flat, longer than three
+    leases); started again, the job finishes, `orbit job verify` passes, and its files equal
+    those of the same job read from the primary."""
+    primary_url, replica_url, primary, _replica = dbs
+    with archive_env(
+        primary_url, primary, tmp_path, ORBIT_ARCHIVE_SOURCE_URL=replica_url
+    ) as ae:  # fmt: skip
+        ns, q = make_namespace(primary, "lag")
+        vol = tmp_path / "vol"
+        sid = make_volume(primary, vol)
+        make_plan(primary, ns, "workflows", sid, batch_size=9)
+        seed(primary, ns, q, "workflows", 150)
+        pair.wait_caught_up()
+        w = ae.worker("replica", [vol])
+        pair.stop_sql_thread()
+        status = pair.status()
+        # what a lag check on Seconds_Behind_Master would have seen: nothing to wait for
+        assert status["Slave_SQL_Running"] == "No" and status["Seconds_Behind_Master"] is None
+        job = create_job(ae, ns, "workflows")  # the tick beats on the primary, not applied
+        wait_for(lambda: _show(ae, job)["waiting"] == "replica_lag", 30, "replica_lag wait")
+        deadline = time.monotonic() + 3 * LEASE + 2
+        while time.monotonic() < deadline:
+            held = ae.job(ns, job.id)
+            assert held.state is JobState.PENDING, held
+            assert (held.attempts, held.batches, held.error_code) == (0, 0, ""), held
+            ae.tick()  # beat's sweep wakes the job up; each wake-up finds the replica behind
+            time.sleep(2)
+        assert "archive.job.waiting" in w.text() and "archive.job.claimed" not in w.text()
+        pair.start_sql_thread()
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done.state is JobState.SUCCEEDED and done.error_code == "", done
+        shown = _show(ae, done)
+        assert shown["waiting"] is None and shown["waited_seconds"]["replica_lag"] >= 3 * LEASE
+        verify = ae.orbit("job", "verify", "lag", job.id.hex(), "--volume", str(vol))
+        assert verify.stdout.startswith("ok: "), verify.stdout
+        assert_succeeded_exactly(ae, done, vol)
+        from_replica = file_snapshot(vol, done)
+        w.stop()
+        from_primary = _rerun_from_primary(ae, primary, done, tmp_path / "vol-primary")
+        assert from_replica == from_primary and len(from_replica) == done.batches + 1
+
+
+def _show(ae: ArchiveEnv, job: Job) -> dict[str, Any]:
+    """The job's statistics (`orbit job show --json`): what it waits for, seconds waited."""
+    doc = cli_json(ae.orbit("job", "show", job.namespace_id.hex(), job.id.hex(), "--json"))
+    return dict(doc["statistics"])
+
+
+def test_tick_beats_after_its_jobs(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    """The heartbeat the tick writes on the primary is at or after the creation of every job it
+    created, and reaches the replica."""
+    primary_url, _replica_url, primary, replica = dbs
+    with archive_env(primary_url, primary, tmp_path) as ae:
+        ns, q = make_namespace(primary, "beat")
+        sid = make_volume(primary, tmp_path / "vol")
+        make_plan(primary, ns, "events", sid)
+        job = create_job(ae, ns, "events")
+        with primary.connect() as conn:
+            beat = conn.execute(text("SELECT beat_at FROM orbit_archive_heartbeat")).scalar_one()
+            assert conn.execute(text("SELECT COUNT(*) FROM orbit_archive_heartbeat")).scalar() == 1
+        assert beat >= job.created_at
+        pair.wait_caught_up()
+        with replica.connect() as conn:
+            assert source.replica_beat(conn) == beat
+        pair.stop_sql_thread()
+        ae.tick()
+        with replica.connect() as conn:
+            assert source.replica_beat(conn) == beat  # not applied: the replica shows the old one
+        pair.start_sql_thread()
+        with primary.connect() as conn:
+            assert conn.execute(text("SELECT COUNT(*) FROM orbit_archive_heartbeat")).scalar() == 1
+            assert conn.execute(text("SELECT beat_at FROM orbit_archive_heartbeat")).scalar() > beat
+
+
+def test_files_read_from_the_replica_equal_those_read_from_the_primary(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    primary_url, replica_url, primary, replica = dbs
+    with archive_env(primary_url, primary, tmp_path) as ae:
+        ns, q = make_namespace(primary, "same-bytes")
+        vol = tmp_path / "vol"
+        sid = make_volume(primary, vol)
+        make_plan(primary, ns, "tasks", sid, batch_size=7)
+        seed(primary, ns, q, "tasks", 120)
+        job = create_job(ae, ns, "tasks")
+        pair.wait_caught_up()
+        out = runner.run_job(
+            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
+            source_engine=replica, publish=lambda *a, **k: None,
+        )  # fmt: skip
+        assert out == "succeeded"
+        done = ae.job(ns, job.id)
+        assert_succeeded_exactly(ae, done, vol)
+        from_replica = file_snapshot(vol, done)
+        from_primary = _rerun_from_primary(ae, primary, done, tmp_path / "vol-primary")
+        assert from_replica == from_primary and len(from_replica) == done.batches + 1
+
+
+def test_the_reads_go_to_the_replica(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    """A root deleted on the replica alone (sql_log_bin = 0) is missing from the manifest's count
+    and the files: the count and every batch were read there, the job row stays the primary's."""
+    primary_url, replica_url, primary, replica = dbs
+    with archive_env(primary_url, primary, tmp_path) as ae:
+        ns, q = make_namespace(primary, "reads-there")
+        vol = tmp_path / "vol"
+        sid = make_volume(primary, vol)
+        make_plan(primary, ns, "events", sid, batch_size=5)
+        seed(primary, ns, q, "events", 40)
+        job = create_job(ae, ns, "events")
+        pair.wait_caught_up()
+        with primary.connect() as conn:
+            rng = job_store.job_range(conn, job)
+            keys = source.root_keys_in_range(conn, "events", ns, rng)
+        database = primary.url.database
+        assert database is not None
+        pair.replica_local(database, f"DELETE FROM orbit_events WHERE id = x'{keys[0].hex()}'")
+        # `plan preview` counts on the replica too, and shows the beat it has applied
+        env = {**ae.env, "ORBIT_ARCHIVE_SOURCE_URL": replica_url}
+        doc = cli_json(run_orbit(["plan", "preview", "reads-there", "events", "--json"], env))
+        assert doc["source"] == "replica" and doc["replica_beat_at"] is not None
+        start, until = doc["range_from"], doc["range_until"]
+        assert start is None
+        with primary.connect() as conn:
+            on_primary = conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM orbit_events WHERE namespace_id = :n AND created_at < :u"
+                ),
+                {"n": ns, "u": until.replace("T", " ").rstrip("Z")},
+            ).scalar_one()
+        assert doc["roots"] == on_primary - 1
+        out = runner.run_job(
+            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
+            source_engine=replica, publish=lambda *a, **k: None,
+        )  # fmt: skip
+        assert out == "succeeded"
+        done = ae.job(ns, job.id)
+        assert done.roots == len(keys) - 1
+        with replica.connect() as conn:
+            assert conn.execute(
+                text("SELECT state FROM orbit_archive_jobs WHERE id = :i"), {"i": job.id}
+            ).scalar() in ("PENDING", "SUCCEEDED")  # replicated from the primary
+
+
+def _worker_start(env: dict[str, str], vol: Path) -> subprocess.CompletedProcess[str]:
+    return run_orbit(["worker", "archive", "--volume", str(vol), "--no-control"], env, timeout=60)
+
+
+def test_a_replica_that_cannot_connect_is_refused_in_one_line(
+    dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    primary_url, _replica_url, primary, _replica = dbs
+    vol = tmp_path / "vol"
+    make_volume(primary, vol)
+    before = _checksums(primary)
+    dead = f"mysql://root:s3cret@127.0.0.1:{free_port()}/nowhere"
+    cases = [
+        (dead, 1, ("ORBIT_ARCHIVE_SOURCE_URL", "unavailable")),
+        (f"sqlite:///{tmp_path / 'x.sqlite3'}", 2, ("ORBIT_ARCHIVE_SOURCE_URL", "'sqlite'")),
+        ("mysql://root@127.0.0.1:99999/x", 2, ("ORBIT_ARCHIVE_SOURCE_URL", "99999")),
+        ("mysql://root@127.0.0.1:3306", 2, ("ORBIT_ARCHIVE_SOURCE_URL", "names no database")),
+    ]
+    for url, code, needles in cases:
+        env = orbit_env(primary_url, ORBIT_ARCHIVE_SOURCE_URL=url)
+        proc = _worker_start(env, vol)
+        line = assert_one_line_error(proc, code, *needles)
+        assert "s3cret" not in line
+    assert _checksums(primary) == before
+    assert not (tmp_path / "x.sqlite3").exists()
+
+
+def test_a_replica_whose_source_tables_differ_is_refused_at_worker_start(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    primary_url, replica_url, primary, _replica = dbs
+    vol = tmp_path / "vol"
+    sid = make_volume(primary, vol)
+    pair.wait_caught_up()
+    database = primary.url.database
+    assert database is not None
+    env = orbit_env(primary_url, ORBIT_ARCHIVE_SOURCE_URL=replica_url)
+    changes = [
+        (
+            ["ALTER TABLE orbit_task_attempts ADD COLUMN note INT NULL"],
+            ["ALTER TABLE orbit_task_attempts DROP COLUMN note"],
+            ("orbit_task_attempts", "unexpected column note"),
+        ),
+        (
+            ["CREATE INDEX ix_local ON orbit_events (created_at)"],
+            ["DROP INDEX ix_local ON orbit_events"],
+            ("orbit_events", "unexpected index ix_local"),
+        ),
+        (
+            ["DROP TABLE orbit_archive_heartbeat"],
+            [],
+            ("orbit_archive_heartbeat", "missing on the replica"),
+        ),
+    ]
+    for change, undo, needles in changes:
+        pair.replica_local(database, *change)
+        proc = _worker_start(env, vol)
+        assert_one_line_error(proc, 1, "ORBIT_ARCHIVE_SOURCE_URL", *needles)
+        # a worker started by celery itself gets the same check and line
+        direct = run_celery_worker(env, queue_name(sid))
+        assert direct.returncode == 1, (direct.stdout, direct.stderr)
+        assert "Traceback" not in direct.stderr + direct.stdout, direct.stderr
+        last = direct.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ORBIT_ARCHIVE_SOURCE_URL") and needles[1] in last, last
+        assert "celery@" not in direct.stdout  # the worker never started (no banner)
+        if undo:
+            pair.replica_local(database, *undo)
+    assert heartbeat.name == "orbit_archive_heartbeat"
+
+
+def run_celery_worker(env: dict[str, str], queue: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "orbit_tasks.celery_app", "worker", "-Q", queue,
+         "-P", "solo", "--without-mingle", "--without-gossip", "--without-heartbeat"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_source_engine_has_the_platform_session_bounds(
+    dbs: tuple[str, str, Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry's engine on the replica sets the same session bounds as the platform
+    database's (the archive lease), and is a different server's engine."""
+    from orbit_tasks.db import registry
+    from orbit_tasks.db.session_bounds import bounds_for_lease
+    from orbit_tasks.settings import get_settings
+    from tests.support.cli import _reset_process_state
+
+    primary_url, replica_url, _primary, _replica = dbs
+    monkeypatch.setenv("ORBIT_DATABASE_URL", primary_url)
+    monkeypatch.setenv("ORBIT_ARCHIVE_SOURCE_URL", replica_url)
+    monkeypatch.setenv("ORBIT_ARCHIVE_LEASE_SECONDS", "40")
+    _reset_process_state()
+    try:
+        src, platform = registry.source_engine(), registry.platform_engine()
+        assert src is not platform and get_settings().archive_source_url == replica_url
+        want = bounds_for_lease(40)
+        for engine in (src, platform):
+            with engine.connect() as conn:
+                row = conn.execute(
+                    text(
+                        "SELECT @@session.idle_transaction_timeout, "
+                        "@@session.innodb_lock_wait_timeout, @@server_id"
+                    )
+                ).one()
+            assert (row[0], row[1]) == (want.idle_transaction_seconds, want.lock_wait_seconds)
+        with src.connect() as a, platform.connect() as b:
+            ids = [c.execute(text("SELECT @@server_id")).scalar() for c in (a, b)]
+        assert ids == [2, 1]  # the reads go to the replica's server
+    finally:
+        monkeypatch.delenv("ORBIT_ARCHIVE_SOURCE_URL")
+        _reset_process_state()
