@@ -5,12 +5,12 @@ from __future__ import annotations
 import click
 
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.cli.common import emit, json_option
+from orbit_tasks.cli.common import LazyGroup, emit, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.settings import get_settings
 
 
-@click.group("archive")
+@click.group("archive", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:archive_restore"})
 def archive_group() -> None:
     """History archive."""
 

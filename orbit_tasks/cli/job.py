@@ -24,7 +24,7 @@ from orbit_tasks.archive.jobs import Job, JobFailure, JobState
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import publish_wakeup
-from orbit_tasks.cli.common import SIZE, emit, emit_list, json_option
+from orbit_tasks.cli.common import SIZE, LazyGroup, emit, emit_list, json_option
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.ids import from_hex
@@ -38,7 +38,7 @@ log = logging.getLogger("orbit.cli.job")
 STATES = [s.value for s in JobState]
 
 
-@click.group("job")
+@click.group("job", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:job_restore"})
 def job_group() -> None:
     """Archive jobs: inspect, follow, retry, abandon, verify and export."""
 
