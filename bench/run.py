@@ -25,6 +25,7 @@ SCRIPTS = [
     "restore_throughput",
     "metrics_scrape",
     "tick_scaling",
+    "archive_from_tick",
 ]
 
 

@@ -19,6 +19,8 @@ from orbit_tasks.errors import InvalidInput
 
 LOG_FORMATS = ("text", "json")  # ORBIT_LOG_FORMAT; orbit_tasks.logs writes them
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # ORBIT_LOG_LEVEL
+# ORBIT_ARCHIVE_READER: where the read-ahead runs (docs/archive-jobs.md "The reader process")
+ARCHIVE_READERS = ("auto", "process", "thread")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Settings:
     metrics_cache_seconds: int = 15
     metrics_timeout_seconds: float = 5.0
     sender_database_configured: bool = False
+    archive_reader: str = "auto"
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -150,6 +153,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
+        archive_reader=(_choice(env, "ORBIT_ARCHIVE_READER", ARCHIVE_READERS) or "auto").lower(),
     )
 
 

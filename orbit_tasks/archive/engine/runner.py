@@ -39,7 +39,8 @@ from orbit_tasks import failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.engine import leftovers, verify
-from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
+from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch
+from orbit_tasks.archive.engine.reader_process import open_read_ahead
 from orbit_tasks.archive.engine.volume import (
     IDENTITY_FILE,
     ArchiveIOError,
@@ -65,7 +66,7 @@ from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.db.engine import DB_CLOCK, Clock, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
-from orbit_tasks.errors import InvalidInput, LeaseLost
+from orbit_tasks.errors import InvalidInput, LeaseLost, ReaderLost
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.history import history_kind
@@ -180,7 +181,7 @@ def run_job(
                 return _fail(ch, ErrorCode.STALLED)
             return _run_chain(ch, publish)
     except Exception as exc:
-        if is_transient_db(exc):
+        if is_transient_db(exc) or isinstance(exc, ReaderLost):
             log_action(
                 log, "archive.job.transient", logging.WARNING, namespace_id=ns_hex,
                 job_id=job_hex, error=type(exc).__name__, code=driver_code(exc),
@@ -297,7 +298,9 @@ def _batches(ch: _Chain) -> Outcome:
     job = ch.claim.job
     assert ch.rng is not None
     with (
-        ReadAhead(ch.engine, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead,
+        open_read_ahead(
+            ch.settings.archive_reader, ch.engine, job, ch.rng, ch.cursor, file_cap(job.max_bytes)
+        ) as ahead,
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
         upcoming: PreparedBatch | None | NotReady = ahead.next()
