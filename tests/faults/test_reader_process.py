@@ -110,9 +110,10 @@ def test_a_chain_stopped_early_kills_its_reader_and_the_next_uses_a_warm_spare(
         first = ahead.next()
         proc = ahead._proc
         assert first is not None and proc is not None and proc.poll() is None
-        spare = reader_process._spare
-        assert spare is not None and spare.poll() is None  # started beside the running one
+        assert reader_process._spare is None  # no interpreter starts beside a running chain
     assert proc.poll() is not None  # killed: it held prepared files nobody will use
+    spare = reader_process._spare
+    assert spare is not None and spare.poll() is None  # the next chain's, started at the end
     with reader_process.ProcessReadAhead(ae.engine, job, rng, None, cap) as again:
         assert again._proc is spare
         assert again.next() == first

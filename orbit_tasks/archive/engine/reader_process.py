@@ -18,8 +18,9 @@ any other fault. A process that dies (killed, out of memory) ends its stream wit
 its lease expires, never a job failure.
 
 One warm spare is kept per runner process so a claim chain does not wait for an interpreter to
-start; each process serves one chain and is killed when the chain stops early (the slice ends
-with prepared files unused). A process dies with the runner that started it
+start (started when the previous chain ends: an interpreter's start-up beside a running chain
+took a core from it); each process serves one chain and is killed when the chain stops early
+(the slice ends with prepared files unused). A process dies with the runner that started it
 (``PR_SET_PDEATHSIG``), so a killed worker leaves no reader behind.
 """
 
@@ -93,7 +94,6 @@ class ProcessReadAhead:
             name=f"archive-reader-{self._request[2].id.hex()[:8]}",
         )  # fmt: skip
         self._thread.start()
-        _start_spare()  # warm for the next chain while this one runs
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -144,6 +144,7 @@ class ProcessReadAhead:
             if proc.stdout is not None:
                 proc.stdout.close()
             proc.wait(10)
+        _start_spare()  # for the next chain: started now, not beside this one (it takes a core)
 
     def _receive(self, stream: IO[bytes]) -> None:
         """The process's stream into the queue, in order; a stream without its end is a lost
