@@ -37,6 +37,7 @@ demo: install
 
 ## Benchmarks (separate from tests); results go to bench/RESULTS.md.
 bench: install services
+	@command -v pt-archiver >/dev/null || (apt-get update -qq && apt-get install -y -qq percona-toolkit >/dev/null)
 	$(PY) bench/run.py
 
 clean:

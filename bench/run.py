@@ -29,6 +29,7 @@ SCRIPTS = [
     "tick_scaling",
     "s3_throughput",
     "archive_controls",
+    "archive_from_tick",
 ]
 
 

@@ -65,3 +65,8 @@ class TransientError(OrbitError):
 
 class LeaseLost(OrbitError):
     """A fenced write matched zero rows: another claim owns the job now. Stop, write nothing."""
+
+
+class ReaderLost(TransientError):
+    """The archive's reader process ended without finishing its stream (killed, a fault of its
+    own): the claim stops and its lease expires, like a dropped database connection."""

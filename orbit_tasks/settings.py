@@ -20,6 +20,8 @@ from orbit_tasks.errors import InvalidInput
 
 LOG_FORMATS = ("text", "json")  # ORBIT_LOG_FORMAT; orbit_tasks.logs writes them
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # ORBIT_LOG_LEVEL
+# ORBIT_ARCHIVE_READER: where the read-ahead runs (docs/archive-jobs.md "The reader process")
+ARCHIVE_READERS = ("auto", "process", "thread")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Settings:
     # ORBIT_ARCHIVE_SOURCE_URL: where the archive reads history (a replica of the platform
     # database, docs/operations.md "Read from a replica"); None: the platform database itself.
     archive_source_url: str | None = field(default=None, repr=False)
+    archive_reader: str = "auto"
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -194,6 +197,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             else _int(env, "ORBIT_ARCHIVE_MAX_THREADS_RUNNING", 0, 0, 100000)
         ),
         archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
+        archive_reader=(_choice(env, "ORBIT_ARCHIVE_READER", ARCHIVE_READERS) or "auto").lower(),
     )
 
 

@@ -13,7 +13,7 @@ from orbit_tasks.archive import controls as rules
 from orbit_tasks.archive.controls import ControlKind, Scope
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import LazyGroup, emit, emit_list, iso_utc, json_option
 from orbit_tasks.db.engine import DB_CLOCK
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput, NotFound
@@ -23,7 +23,7 @@ from orbit_tasks.platform.store import get_namespace, resolve_namespace, storage
 from orbit_tasks.settings import get_settings
 
 
-@click.group("archive")
+@click.group("archive", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:archive_restore"})
 def archive_group() -> None:
     """History archive."""
 

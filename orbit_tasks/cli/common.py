@@ -6,6 +6,7 @@ Exit codes (SPEC §9): 0 ok, 2 usage/invalid input, 3 conflict, 4 not found, 1 o
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import logging
 import sys
@@ -25,6 +26,25 @@ def _refuse_usage(ctx: click.Context, exc: click.ClickException) -> None:
     message, code = describe_usage_error(exc)
     click.echo(f"error: {message}", err=True)
     ctx.exit(code)
+
+
+class LazyGroup(click.Group):
+    """A command group whose heavier subcommands are imported on first use: ``lazy`` maps a
+    subcommand name to ``"module:attribute"`` (``orbit archive tick`` never loads the restore
+    engine behind ``orbit archive restore``)."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            module, attribute = self.lazy[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
 class OrbitGroup(click.Group):

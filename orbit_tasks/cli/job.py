@@ -26,7 +26,7 @@ from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import publish_wakeup
-from orbit_tasks.cli.common import SIZE, emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import SIZE, LazyGroup, emit, emit_list, iso_utc, json_option
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine, source_engine
@@ -41,7 +41,7 @@ log = logging.getLogger("orbit.cli.job")
 STATES = [s.value for s in JobState]
 
 
-@click.group("job")
+@click.group("job", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:job_restore"})
 def job_group() -> None:
     """Archive jobs: inspect, follow, retry, abandon, verify and export."""
 

@@ -33,9 +33,7 @@ from orbit_tasks.archive.restore.run import (
     Window,
 )
 from orbit_tasks.archive.store import jobs as job_store
-from orbit_tasks.cli.archive import archive_group
 from orbit_tasks.cli.common import json_option
-from orbit_tasks.cli.job import job_group
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
 from orbit_tasks.db.registry import platform_engine
@@ -358,9 +356,3 @@ def _run(
 
 def _counts(counter: Any) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "0"
-
-
-def register(cli: click.Group) -> None:
-    """Adds ``restore`` to the ``job`` and ``archive`` groups (registered before this module)."""
-    job_group.add_command(job_restore)
-    archive_group.add_command(archive_restore)

@@ -102,10 +102,10 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     monkeypatch.setattr(volume.os, "listdir", listdir)
     monkeypatch.setattr(volume, "read_file", read_file)
     stmts = _Statements(ae.engine)
-    try:
+    try:  # the read-ahead in threads: its reads are counted on this engine too
         out = runner.run_job(
-            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=ae.engine,
-            publish=lambda *a, **k: None,
+            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings.with_overrides(
+                archive_reader="thread"), engine=ae.engine, publish=lambda *a, **k: None,
         )  # fmt: skip
     finally:
         stmts.close()
@@ -129,6 +129,32 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     # the directory is listed once (the final step) and every file read once (its verify)
     assert listings == [str(job_dir(vol, ns, job.id))]
     assert sorted(reads) == sorted(os.listdir(job_dir(vol, ns, job.id)))
+    assert_succeeded_exactly(ae, done, vol)
+
+
+def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) -> None:
+    """ORBIT_ARCHIVE_READER=process (the default on MariaDB): the runner's connection counts
+    the manifest's roots and confirms; every keyset read runs in the reader process."""
+    ns, q = make_namespace(ae.engine, "byprocess")
+    vol = ae.tmp / "vol"
+    sid = make_volume(ae.engine, vol)
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=10)
+    seed(ae.engine, ns, q, "tasks", 400)
+    job = create_job(ae, ns, "tasks")
+    stmts = _Statements(ae.engine)
+    try:
+        out = runner.run_job(
+            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings.with_overrides(
+                archive_reader="auto"), engine=ae.engine, publish=lambda *a, **k: None,
+        )  # fmt: skip
+    finally:
+        stmts.close()
+    assert out == "succeeded"
+    done = ae.job(ns, job.id)
+    kinds = stmts.kinds()
+    assert kinds["SELECT orbit_tasks"] == 1, kinds  # the manifest's count only
+    assert not any("JOIN orbit_task_attempts" in sql for sql in stmts.sql)
+    assert kinds["UPDATE orbit_archive_jobs"] == done.batches + 3, kinds
     assert_succeeded_exactly(ae, done, vol)
 
 

@@ -15,7 +15,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from orbit_tasks.cli.main import cli
+from orbit_tasks.cli.main import load_all_commands
+
+cli = load_all_commands()
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 COMPOSE = COMPOSE_DIR / "docker-compose.yml"

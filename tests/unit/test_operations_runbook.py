@@ -15,8 +15,10 @@ from click.testing import CliRunner
 
 from orbit_tasks.archive.controls import WaitReason
 from orbit_tasks.archive.jobs import ErrorCode
-from orbit_tasks.cli.main import cli
+from orbit_tasks.cli.main import load_all_commands
 from orbit_tasks.sender.policy import RETRY_CODES, REVIEW_CODES
+
+cli = load_all_commands()
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOK = REPO / "docs" / "operations.md"

@@ -40,7 +40,8 @@ from orbit_tasks.archive.controls import REPLICA_BEAT, WaitReason
 from orbit_tasks.archive.engine import gate, leftovers, verify
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
-from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
+from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch
+from orbit_tasks.archive.engine.reader_process import open_read_ahead
 from orbit_tasks.archive.engine.storage import JobFiles, Place, Storage, open_storage
 from orbit_tasks.archive.engine.storage import parse_volumes as parse_volumes
 from orbit_tasks.archive.engine.volume import ArchiveIOError, DiskFull, StoredFile
@@ -63,7 +64,7 @@ from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.db.registry import source_engine as registry_source_engine
-from orbit_tasks.errors import InvalidInput, LeaseLost
+from orbit_tasks.errors import InvalidInput, LeaseLost, ReaderLost
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.history import history_kind
@@ -201,7 +202,7 @@ def run_job(
                 job_id=job_hex, error=str(exc),
             )  # fmt: skip
             return Outcome.TRANSIENT
-        if is_transient_db(exc):
+        if is_transient_db(exc) or isinstance(exc, ReaderLost):
             log_action(
                 log, "archive.job.transient", logging.WARNING, namespace_id=ns_hex,
                 job_id=job_hex, error=type(exc).__name__, code=driver_code(exc),
@@ -356,7 +357,14 @@ def _batches(ch: _Chain) -> Outcome:
     job = ch.claim.job
     assert ch.rng is not None
     with (
-        ReadAhead(ch.source_db, job, ch.rng, ch.cursor, file_cap(job.max_bytes)) as ahead,
+        open_read_ahead(
+            ch.settings.archive_reader,
+            ch.source_db,
+            job,
+            ch.rng,
+            ch.cursor,
+            file_cap(job.max_bytes),
+        ) as ahead,
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
         upcoming: PreparedBatch | None | NotReady = ahead.next()

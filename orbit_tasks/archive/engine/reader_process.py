@@ -1,0 +1,285 @@
+"""The read-ahead in a process of its own: the second core for the hot path (issue 19).
+
+The runner's process spends most of its CPU reading roots, encoding their lines, gzipping and
+hashing files (:mod:`readahead`), all under one GIL with the writes and confirms. Here the same
+:class:`~readahead.ReadAhead` runs in a plain subprocess (``python -m
+orbit_tasks.archive.engine.reader_process``: a prefork child is daemonic and may not start a
+``multiprocessing`` child) with its own database connection, and hands the prepared files to
+the runner over a pipe. The runner writes and confirms them exactly as before: the process
+writes nothing, not to the database (its connection only reads) nor to a volume.
+
+Protocol (both ends are this module; the pipe is private to the two processes): the runner
+pickles one request ``(url, bounds, job, range, cursor, cap)`` to the process's stdin -- the URL
+with its password travels only there, never in argv or the environment -- and the process
+pickles, in order, one ``("batch", PreparedBatch)`` per file and then ``("end",)``, or
+``("failure", code)`` for a job failure (SOURCE_INVALID, ...), or ``("transient", detail)`` for
+any other fault. A process that dies (killed, out of memory) ends its stream without an end:
+:class:`ReaderLost`, a transient fault like a dropped database connection -- the claim stops and
+its lease expires, never a job failure.
+
+One warm spare is kept per runner process so a claim chain does not wait for an interpreter to
+start (started when the previous chain ends: an interpreter's start-up beside a running chain
+took a core from it); each process serves one chain and is killed when the chain stops early
+(the slice ends with prepared files unused). A process dies with the runner that started it
+(``PR_SET_PDEATHSIG``), so a killed worker leaves no reader behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from typing import IO, Any
+
+from sqlalchemy import Engine
+
+from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
+from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
+from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.store import source
+from orbit_tasks.db.engine import BOUNDS_ATTR, make_engine
+from orbit_tasks.errors import ReaderLost
+from orbit_tasks.logs import log_action
+from orbit_tasks.settings import Settings
+
+log = logging.getLogger("orbit.archive.engine.reader_process")
+
+DEPTH = 2  # prepared files received and waiting for the runner (the process holds more)
+_PR_SET_PDEATHSIG = 1
+
+
+class ProcessReadAhead:
+    """:class:`ReadAhead`'s interface (``next``, ``ready``, a context manager) over a reader
+    process."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        job: Job,
+        rng: ArchiveRange,
+        cursor: source.Cursor | None,
+        cap: int,
+    ) -> None:
+        self._request = (
+            engine.url.render_as_string(hide_password=False),
+            getattr(engine, BOUNDS_ATTR, None),
+            job,
+            rng,
+            cursor,
+            cap,
+        )
+        self._items: queue.Queue[tuple[Any, ...]] = queue.Queue(DEPTH)
+        self._held: tuple[Any, ...] | None = None
+        self._done = False  # the stream ended (end, failure or fault): the process is finished
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def __enter__(self) -> ProcessReadAhead:
+        self._proc = _take_process()
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        try:
+            pickle.dump(self._request, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self._proc.stdin.close()
+        except OSError:  # the spare died before its request: its stream ends at once
+            pass
+        self._thread = threading.Thread(
+            target=self._receive, args=(self._proc.stdout,), daemon=True,
+            name=f"archive-reader-{self._request[2].id.hex()[:8]}",
+        )  # fmt: skip
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next(self) -> PreparedBatch | None:
+        item, self._held = self._held or self._items.get(), None
+        return self._open(item)
+
+    def ready(self) -> PreparedBatch | NotReady:
+        if self._held is not None:
+            return NOT_READY
+        try:
+            item = self._items.get_nowait()
+        except queue.Empty:
+            return NOT_READY
+        if item[0] != "batch":
+            self._held = item
+            return NOT_READY
+        batch: PreparedBatch = item[1]
+        return batch
+
+    def _open(self, item: tuple[Any, ...]) -> PreparedBatch | None:
+        kind = item[0]
+        if kind == "batch":
+            batch: PreparedBatch = item[1]
+            return batch
+        self._done = True
+        if kind == "end":
+            return None
+        if kind == "failure":
+            raise JobFailure(ErrorCode(item[1]))
+        raise ReaderLost(str(item[1]))
+
+    def close(self) -> None:
+        self._stop.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # stopped early, or finished: it holds nothing worth waiting for
+        while True:  # unblock the receiving thread's put()
+            try:
+                self._items.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not None:
+            self._thread.join(10)
+        if proc is not None:
+            if proc.stdout is not None:
+                proc.stdout.close()
+            proc.wait(10)
+        _start_spare()  # for the next chain: started now, not beside this one (it takes a core)
+
+    def _receive(self, stream: IO[bytes]) -> None:
+        """The process's stream into the queue, in order; a stream without its end is a lost
+        reader."""
+        while not self._stop.is_set():
+            try:
+                item = pickle.load(stream)
+            except Exception as exc:  # noqa: BLE001 - EOF, a torn pickle: the process died
+                code = self._proc.poll() if self._proc is not None else None
+                item = ("lost", f"reader process ended ({type(exc).__name__}, exit {code})")
+            if not self._put(item) or item[0] != "batch":
+                return
+
+    def _put(self, item: tuple[Any, ...]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._items.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+# --- the spare process of this runner process ---------------------------------------------------
+
+_spare: subprocess.Popen[bytes] | None = None
+_spare_pid = 0  # the runner process that started it (a forked child starts its own)
+
+
+def _spawn() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orbit_tasks.archive.engine.reader_process", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        close_fds=True,
+    )
+
+
+def _start_spare() -> None:
+    global _spare, _spare_pid
+    if _spare is None or _spare_pid != os.getpid() or _spare.poll() is not None:
+        _spare, _spare_pid = _spawn(), os.getpid()
+
+
+def uses_process(mode: str, dialect: str) -> bool:
+    """``process``, or ``auto`` on MySQL/MariaDB (threads on SQLite: the embedded default runs
+    without servers and with a single writer)."""
+    return mode == "process" or (mode == "auto" and dialect == "mysql")
+
+
+def warm(settings: Settings) -> None:
+    """Start this process's spare reader now when its chains will use one."""
+    dialect = "mysql" if settings.database_url.startswith(("mysql", "mariadb")) else "other"
+    if uses_process(settings.archive_reader, dialect):
+        _start_spare()
+
+
+def _take_process() -> subprocess.Popen[bytes]:
+    global _spare
+    _start_spare()
+    proc, _spare = _spare, None
+    assert proc is not None
+    return proc
+
+
+# --- the reader process itself ------------------------------------------------------------------
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the runner that started it dies (Linux); elsewhere the broken
+    pipe ends it at its next write."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(0)
+
+
+def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    try:
+        url, bounds, job, rng, cursor, cap = pickle.load(stdin)
+    except EOFError:  # a spare never used: its runner exited
+        return
+
+    def send(*item: Any) -> None:
+        pickle.dump(item, stdout, protocol=pickle.HIGHEST_PROTOCOL)
+        stdout.flush()
+
+    engine = make_engine(url, bounds=bounds)
+    try:
+        with ReadAhead(engine, job, rng, cursor, cap) as ahead:
+            while True:
+                batch = ahead.next()
+                if batch is None:
+                    send("end")
+                    return
+                send("batch", batch)
+                if batch.final:
+                    send("end")
+                    return
+    except JobFailure as failure:
+        send("failure", failure.code.value)
+    except BrokenPipeError:
+        return  # the runner stopped reading
+    except Exception as exc:  # noqa: BLE001 - any other fault is transient for the runner
+        log_action(log, "archive.reader.fault", logging.WARNING, error=type(exc).__name__)
+        send("transient", type(exc).__name__)
+    finally:
+        engine.dispose()
+
+
+def open_read_ahead(
+    mode: str,
+    engine: Engine,
+    job: Job,
+    rng: ArchiveRange,
+    cursor: source.Cursor | None,
+    cap: int,
+) -> ReadAhead | ProcessReadAhead:
+    """The read-ahead of a claim chain (ORBIT_ARCHIVE_READER, :func:`uses_process`): a reader
+    process, or threads of the runner's process."""
+    if uses_process(mode, engine.dialect.name):
+        return ProcessReadAhead(engine, job, rng, cursor, cap)
+    return ReadAhead(engine, job, rng, cursor, cap)
+
+
+def main(argv: list[str]) -> None:
+    _die_with_parent(int(argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C of a foreground worker: the runner decides
+    out = os.fdopen(os.dup(1), "wb")  # the stream to the runner: a private descriptor ...
+    os.dup2(2, 1)  # ... and anything printed by mistake goes to stderr, not into the stream
+    _serve(sys.stdin.buffer, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
