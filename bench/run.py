@@ -92,9 +92,28 @@ def _targets(docs: dict[str, dict[str, Any]]) -> list[str]:
              f"({t['batched_1pct_statements']} statements; per-plan tick "
              f"{t['per_plan_1pct_seconds']} s)", t["batched_1pct_seconds"] < 0.5)
         )  # fmt: skip
+    f = docs.get("archive_from_tick")
+    if f:
+        ev, ta, st = "events_process", "tasks_process", f["start_up_median_s"]
+        rows += [
+            ("19: events 500k from the tick vs pt-archiver --commit-each", ">= 1.0x",
+             f"{f[f'{ev}_over_pt_archiver_commit_each']}x (threads, the previous pipeline: "
+             f"{f['events_thread_over_pt_archiver_commit_each']}x)",
+             f[f"{ev}_over_pt_archiver_commit_each"] >= 1.0),
+            ("19: events 500k from the tick, share of the ordered scan", ">= 12%",
+             f"{f[f'{ev}_share_of_ceiling']:.1%}", f[f"{ev}_share_of_ceiling"] >= 0.12),
+            ("19: tasks 200k from the tick vs pt-archiver --commit-each", ">= 2.5x",
+             f"{f[f'{ta}_over_pt_archiver_commit_each']}x",
+             f[f"{ta}_over_pt_archiver_commit_each"] >= 2.5),
+            ("19: `orbit archive tick` / `orbit job show` start-up", "<= 0.25 s",
+             f"{st['archive_tick']} s / {st['job_show']} s (python -c 'import sqlalchemy': "
+             f"{st['python_import_sqlalchemy']} s)",
+             max(st["archive_tick"], st["job_show"]) <= 0.25),
+        ]  # fmt: skip
     if not rows:
         return []
-    out = ["## Issue 8 targets", "", "| target | wanted | measured | |", "|---|---|---|---|"]
+    out = ["## Targets (issues 8, 17, 19)", "", "| target | wanted | measured | |"]
+    out.append("|---|---|---|---|")
     out += [f"| {n} | {w} | {m} | {'met' if ok else 'MISSED'} |" for n, w, m, ok in rows]
     return [*out, ""]
 
