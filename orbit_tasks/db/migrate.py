@@ -69,9 +69,11 @@ class UpgradeResult:
     def action(self) -> str:
         if self.adopted:
             return "adopted"
+        if self.previous not in (None, self.revision):
+            return "upgraded"  # also when the later revisions created tables
         if self.created:
             return "created"
-        return "current" if self.previous == self.revision else "upgraded"
+        return "current"
 
     def message(self) -> str:
         db = chain_spec(self.chain).database
