@@ -62,15 +62,28 @@ PLATFORM_NAMESPACE = bytes(16)
 CAS_ATTEMPTS = 20
 
 
+#: The generation before any control was ever changed: the one-row table has no row yet.
+NO_GENERATION = 0
+
+
 def generation_query() -> Any:
-    """The control generation as a scalar subquery (0 while no control was ever changed)."""
-    return select(func.coalesce(func.max(G.c.generation), 0)).where(G.c.id == 1).scalar_subquery()
+    """The control generation as a scalar subquery (:data:`NO_GENERATION` while no row)."""
+    return (
+        select(func.coalesce(func.max(G.c.generation), NO_GENERATION))
+        .where(G.c.id == 1)
+        .scalar_subquery()
+    )
 
 
-#: The same as one literal SQL fragment, for the chained confirm: a prebuilt ``Select`` costs
-#: SQLAlchemy a cache-key walk on every execution of the hot statement; a literal column does not.
+#: The chained confirm's guard, one literal SQL fragment each (a prebuilt ``Select`` would cost
+#: SQLAlchemy a cache-key walk on every execution of the hot statement): the generation read
+#: by primary key (no aggregate: measured 31 us against 67 us for ``COALESCE(MAX(...))`` at the
+#: driver), or, while no control was ever changed, that the row is still missing.
 GENERATION_SQL: ColumnClause[int] = literal_column(
-    f"(SELECT COALESCE(MAX({G.c.generation.name}), 0) FROM {G.name} WHERE {G.c.id.name} = 1)"
+    f"(SELECT {G.c.generation.name} FROM {G.name} WHERE {G.c.id.name} = 1)"
+)
+NO_GENERATION_SQL: ColumnClause[bool] = literal_column(
+    f"NOT EXISTS (SELECT 1 FROM {G.name} WHERE {G.c.id.name} = 1)"
 )
 
 

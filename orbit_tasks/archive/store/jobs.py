@@ -41,7 +41,7 @@ from orbit_tasks.archive.jobs import (
     is_takeover,
 )
 from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
-from orbit_tasks.archive.store.controls import GENERATION_SQL
+from orbit_tasks.archive.store.controls import GENERATION_SQL, NO_GENERATION, NO_GENERATION_SQL
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
@@ -51,6 +51,7 @@ from orbit_tasks.ids import random_id
 from orbit_tasks.platform.store import insert_audit
 
 After = Literal["keep", "chain", "release"]
+Guard = Literal["", "row", "no_row"]  # the chained confirm's generation guard (none, =, missing)
 Bind = Engine | Connection
 
 
@@ -204,7 +205,9 @@ def confirm(
         revision=job.revision + 1,
     )
     new_lease = random_id() if after == "chain" else None
-    guarded = after == "chain" and generation is not None
+    guarded: Guard = ""
+    if after == "chain" and generation is not None:
+        guarded = "no_row" if generation == NO_GENERATION else "row"
     if clock is DB_CLOCK:
         stmt = _confirm_statement(after, lease_seconds, guarded)
     else:  # a test clock: its instant is a literal of this one statement
@@ -216,7 +219,7 @@ def confirm(
     )  # fmt: skip
     if new_lease is not None:
         params["v_lease"] = new_lease
-    if guarded:
+    if guarded == "row":
         params["w_gen"] = generation
     with _transaction(bind) as conn:
         if conn.execute(stmt, params).rowcount != 1:
@@ -245,7 +248,7 @@ def _fence_holds(conn: Connection, c: Claim) -> bool:
     return row is not None
 
 
-def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: bool = False) -> Any:
+def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: Guard = "") -> Any:
     """The fenced confirm of one file (``lease_id``, RUNNING, the confirmed ``batches`` and
     ``last_sha256`` it extends) with the clock inside the statement; parameters ``w_*`` (the
     fence) and ``v_*`` (the new counters, the chained lease id)."""
@@ -273,13 +276,15 @@ def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: boo
         J.c.batches == bindparam("w_batches"),
         J.c.last_sha256 == bindparam("w_tail"),
     ]
-    if guarded:
+    if guarded == "row":
         cond.append(bindparam("w_gen") == GENERATION_SQL)
+    elif guarded == "no_row":
+        cond.append(NO_GENERATION_SQL)
     return update(J).where(*cond).values(**values)
 
 
 @functools.cache
-def _confirm_statement(after: After, lease_seconds: int, guarded: bool = False) -> Any:
+def _confirm_statement(after: After, lease_seconds: int, guarded: Guard = "") -> Any:
     """:func:`_confirm_update` with the database clock, built once per shape: building an
     UPDATE and its cache key costs about ten times the statement's own round trip."""
     return _confirm_update(after, lease_seconds, DB_CLOCK, guarded)
