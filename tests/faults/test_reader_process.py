@@ -128,7 +128,7 @@ def test_a_killed_reader_process_is_transient_and_a_takeover_finishes(
     ns, vol, sid = _setup(ae, "killed", "tasks", roots=200, batch=5)
     marker = ae.tmp / "reader-paused"
     monkeypatch.setenv("ORBIT_FAILPOINTS", f"archive.read_ahead=pause@2:{marker}")
-    monkeypatch.setattr(reader_process, "_spare", None)  # a fresh spare with that environment
+    reader_process.discard_spare()  # the next spare starts with that environment
     job = create_job(ae, ns, "tasks")
     settings = ae.settings.with_overrides(archive_reader="process")
     outcome: list[str] = []
@@ -152,7 +152,7 @@ def test_a_killed_reader_process_is_transient_and_a_takeover_finishes(
     stopped = ae.job(ns, job.id)
     assert stopped.state is JobState.RUNNING and not stopped.error_code
     monkeypatch.delenv("ORBIT_FAILPOINTS")
-    monkeypatch.setattr(reader_process, "_spare", None)
+    reader_process.discard_spare()
     assert stopped.lease_until is not None
     time.sleep(max(0.0, (stopped.lease_until - _db_now(ae)).total_seconds()) + 0.2)
     again = runner.run_job(

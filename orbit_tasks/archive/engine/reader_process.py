@@ -202,6 +202,15 @@ def warm(settings: Settings) -> None:
         _start_spare()
 
 
+def discard_spare() -> None:
+    """Stop this process's spare (its environment is stale: tests that change failpoints)."""
+    global _spare
+    if _spare is not None and _spare_pid == os.getpid() and _spare.poll() is None:
+        _spare.kill()
+        _spare.wait(10)
+    _spare = None
+
+
 def _take_process() -> subprocess.Popen[bytes]:
     global _spare
     _start_spare()
