@@ -43,7 +43,7 @@ from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBa
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import source
-from orbit_tasks.db.engine import BOUNDS_ATTR, make_engine
+from orbit_tasks.db.engine import BOUNDS_ATTR, is_mysql, make_engine, parse_database_url
 from orbit_tasks.errors import ReaderLost
 from orbit_tasks.logs import log_action
 from orbit_tasks.settings import Settings
@@ -189,16 +189,16 @@ def _start_spare() -> None:
         _spare, _spare_pid = _spawn(), os.getpid()
 
 
-def uses_process(mode: str, dialect: str) -> bool:
+def uses_process(mode: str, mysql: bool) -> bool:
     """``process``, or ``auto`` on MySQL/MariaDB (threads on SQLite: the embedded default runs
     without servers and with a single writer)."""
-    return mode == "process" or (mode == "auto" and dialect == "mysql")
+    return mode == "process" or (mode == "auto" and mysql)
 
 
 def warm(settings: Settings) -> None:
     """Start this process's spare reader now when its chains will use one."""
-    dialect = "mysql" if settings.database_url.startswith(("mysql", "mariadb")) else "other"
-    if uses_process(settings.archive_reader, dialect):
+    backend = parse_database_url(settings.database_url).get_backend_name()
+    if uses_process(settings.archive_reader, backend in ("mysql", "mariadb")):
         _start_spare()
 
 
@@ -277,7 +277,7 @@ def open_read_ahead(
 ) -> ReadAhead | ProcessReadAhead:
     """The read-ahead of a claim chain (ORBIT_ARCHIVE_READER, :func:`uses_process`): a reader
     process, or threads of the runner's process."""
-    if uses_process(mode, engine.dialect.name):
+    if uses_process(mode, is_mysql(engine)):
         return ProcessReadAhead(engine, job, rng, cursor, cap)
     return ReadAhead(engine, job, rng, cursor, cap)
 
