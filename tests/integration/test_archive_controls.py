@@ -183,8 +183,8 @@ def test_a_run_window_that_closes_mid_job(
 ) -> None:
     """The window covers the current minute and closes at its end (minute resolution, UTC): the
     running claim stops at a batch boundary and the job waits `window`; a wider window lets it
-    finish. The default test lease (6 s): a loaded machine does not push a claim of this
-    100 s job past a 2 s soft limit."""
+    finish (on a worker without the slow files). The default test lease (6 s): a loaded machine
+    does not push a claim of this slow job past a 2 s soft limit."""
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
         ns, q = make_namespace(platform_engine, "window")
         vol = tmp_path / "vol"
@@ -201,7 +201,7 @@ def test_a_run_window_that_closes_mid_job(
         end = start + timedelta(minutes=1)
         window = f"{start:%H:%M}-{end:%H:%M}"
         ae.orbit("archive", "window", "--storage", sid.hex(), window)
-        ae.worker("window", [vol], failpoints=SLOW_FILE)
+        slow = ae.worker("window", [vol], failpoints=SLOW_FILE)
         job = create_job(ae, ns, "events")
         wait_for(lambda: ae.job(ns, job.id).batches >= 2, 30, "work inside the window")
         wait_for(
@@ -215,6 +215,8 @@ def test_a_run_window_that_closes_mid_job(
         with platform_engine.connect() as conn:
             assert db_now(conn) >= end
         _hold(ae, closed, 5)
+        slow.stop()  # the rest at full speed: the slow files only had to outlast the window
+        ae.worker("window-fast", [vol])
         ae.orbit("archive", "window", "--storage", sid.hex(), "00:00-23:59", "23:59-00:00")
         done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=240)
         assert done.state is JobState.SUCCEEDED, done
@@ -263,7 +265,7 @@ def test_load_guard_stops_a_running_claim_when_the_server_gets_busy(
 ) -> None:
     """Sessions of `SELECT SLEEP(n)` raise Threads_running above the threshold while the job
     runs: the claim stops at a batch boundary (read at most once a second) and the job waits
-    `db_load`; when they end it continues and finishes."""
+    `db_load`; when they end it continues (on a worker without the slow files) and finishes."""
     sleepers, threshold = 45, 30
     with archive_env(
         mariadb_url, platform_engine, tmp_path,
@@ -275,7 +277,7 @@ def test_load_guard_stops_a_running_claim_when_the_server_gets_busy(
         make_plan(platform_engine, ns, "events", sid, batch_size=5)
         seed(platform_engine, ns, q, "events", 1500)
         env = {"ORBIT_ARCHIVE_MAX_THREADS_RUNNING": str(threshold)}
-        ae.worker("mid", [vol], failpoints=SLOW_FILE, extra_env=env)
+        slow = ae.worker("mid", [vol], failpoints=SLOW_FILE, extra_env=env)
         job = create_job(ae, ns, "events")
         wait_for(lambda: ae.job(ns, job.id).batches >= 3, 30, "work before the load")
         load = create_engine(mariadb_url, pool_size=sleepers, max_overflow=0)
@@ -296,10 +298,12 @@ def test_load_guard_stops_a_running_claim_when_the_server_gets_busy(
             )
             busy = ae.job(ns, job.id)
             assert busy.state is JobState.PENDING and busy.batches < 300
+            slow.stop()  # while the job waits (no lease): the slow files outlasted the load
         finally:
             for t in threads:
                 t.join()
             load.dispose()
+        ae.worker("mid-fast", [vol], extra_env=env)  # the rest at full speed, still guarded
         done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=240)
         assert done.state is JobState.SUCCEEDED, done
         assert done.attempts == done.batches + 1
@@ -447,6 +451,60 @@ def test_a_throttle_paces_two_workers_on_one_storage(
         assert all(b > a for a, b in zip(first, last, strict=True)), (first, last)
         states = {ae.job(j.namespace_id, j.id).state for j in jobs}
         assert JobState.FAILED not in states
+
+
+def test_a_throttled_job_joins_the_budget_queue_instead_of_starving(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """In-process runner on MariaDB while another taker (as a second job's worker would) keeps
+    the storage's budget busy, taking its turn again the moment it is paid for: the job waiting
+    to be claimed reserves its own turn instead of only looking, so it is claimed within the
+    first half of its slice and goes on sharing the rate -- it is never left WAITING with no
+    wake-up but the next tick (the failure CI saw: both jobs' wake-ups taken, one job waited
+    for the tick, which never came within the minute)."""
+    from orbit_tasks.archive.controls import Scope
+    from orbit_tasks.archive.engine import runner
+    from orbit_tasks.archive.store import controls as control_store
+
+    rate = 100
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, q = make_namespace(platform_engine, "thr-queue")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=10)
+        seed(platform_engine, ns, q, "events", 300)
+        job = create_job(ae, ns, "events")
+        ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", str(rate))
+        key = Scope(storage_id=sid).key
+        stop = threading.Event()
+        taken: list[int] = []
+
+        def other_taker() -> None:
+            with platform_engine.connect() as conn:
+                while not stop.is_set():
+                    wait = control_store.take_budget(conn, key, 10, rate)
+                    taken.append(10)
+                    time.sleep(wait)
+
+        t = threading.Thread(target=other_taker, daemon=True)
+        t.start()
+        try:
+            time.sleep(0.5)  # the other taker holds the budget's turn
+            started = time.monotonic()
+            outcome = runner.run_job(
+                ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=platform_engine,
+                publish=lambda *a, **k: None,
+            )  # fmt: skip
+            elapsed = time.monotonic() - started
+        finally:
+            stop.set()
+            t.join(5)
+        j = ae.job(ns, job.id)
+        assert outcome != "waiting", (outcome, elapsed, j)
+        assert j.batches > 1 and j.attempts == j.batches + (
+            0 if j.state is JobState.SUCCEEDED else 1
+        ), j
+        assert taken, "the other taker never ran"
 
 
 def test_window_boundaries_before_a_claim_and_at_a_batch_boundary(

@@ -1,17 +1,19 @@
 """May this job run now? Asked before every claim and at every batch boundary (issue 16).
 
 The rules are pure (``archive/controls.py``: ``CHECKS``); this module reads what they look at
-and acts on the answer. Per claim chain (:func:`open_gate`, before the claim, so a waiting job is
-never claimed just to find out): the control generation with the database clock, the controls in
-force for the job's scope, whether the job has an open wait, ``Threads_running`` when
+and acts on the answer. Per claim chain (:func:`open_gate`, before the claim, so a waiting job
+is never claimed just to find out): the control generation with the database clock, the controls
+in force for the job's scope, whether the job has an open wait, ``Threads_running`` when
 ``ORBIT_ARCHIVE_MAX_THREADS_RUNNING`` is set, and the throttles' budgets. Per batch
 (:meth:`Gate.at_boundary`), only what is in force: with no control and no load guard it returns
 at once (no statement, no clock read); windows are judged on the database time estimated from
-the claim's clock and the monotonic clock; ``Threads_running`` is read at most once a second;
-a throttle charges the file's roots to the shared budget and sleeps its turn when the slice
-allows, else the claim stops. Pauses and changed controls reach a running claim through its
-chained confirm, which compares the generation inside the UPDATE (``store.jobs.confirm``): when
-it changed, the runner reloads the gate (:meth:`Gate.reload`) and asks again.
+the claim's clock and the monotonic clock; ``Threads_running`` is read at most once a second; a
+throttle charges the file's roots to the shared budget and sleeps its turn when the slice
+allows, else the claim stops. Before a claim a throttled job reserves its turn
+(:meth:`Gate.reserve`) rather than only looking, so a running claim cannot starve it. Pauses and
+changed controls reach a running claim through its chained confirm, which compares the
+generation inside the UPDATE (``store.jobs.confirm``): when it changed, the runner reloads the
+gate (:meth:`Gate.reload`) and asks again.
 
 A replica's lag (``replica_lag``) is one more check: add its reading to :meth:`Gate.situation`
 and its rule to ``controls.CHECKS``.
@@ -52,6 +54,7 @@ class Gate:
     last_load: float = field(default=-1e9)
     threads_running: int | None = None
     charged_seq: int = -1  # the file whose roots the throttles were charged for
+    prepaid: int = 0  # roots reserved before the claim (:meth:`reserve`), not yet charged
     extra: dict[str, object] = field(default_factory=dict)  # Situation.extra (replica's beat)
 
     @property
@@ -98,6 +101,16 @@ class Gate:
                 wait = store.budget_waits(conn, self.throttle_keys(), clock=self.clock)
         return rules.first_wait(self.job, self.situation(wait)), wait
 
+    def reserve(self, conn: Connection, roots: int) -> float:
+        """Before the claim, when the throttles' budgets are busy: take this job's turn for its
+        first ``roots`` now (the seconds to sleep before claiming). Only looking would starve it
+        behind a running claim that takes the next turn the moment the last one is paid for; a
+        reservation queues it like any other taker. The roots are charged to the files the
+        claim confirms first (:meth:`at_boundary`), never twice."""
+        wait = self._take(conn, roots)
+        self.prepaid = roots
+        return wait
+
     def at_boundary(
         self, conn: Connection, seq: int, roots: int, deadline: float
     ) -> WaitReason | None:
@@ -112,21 +125,34 @@ class Gate:
             return reason
         wait = 0.0
         if self.charged_seq != seq:
-            for c in rules.throttles(self.controls):
-                assert c.max_roots_per_second is not None
-                wait = max(
-                    wait,
-                    store.take_budget(
-                        conn, c.scope.key, roots, c.max_roots_per_second, clock=self.clock
-                    ),
-                )
             self.charged_seq = seq
+            if self.prepaid:  # paid for by the reservation (up to what it covers): no new turn
+                covered = min(self.prepaid, roots)
+                self.prepaid -= covered
+                roots -= covered
+                if roots:
+                    wait = self._take(conn, roots)
+            else:
+                wait = self._take(conn, roots)
         if wait <= 0:
             return None
         if time.monotonic() + wait >= deadline:
             return WaitReason.THROTTLED
         time.sleep(wait)
         return None
+
+    def _take(self, conn: Connection, roots: int) -> float:
+        """Charge ``roots`` to every throttle in force; the longest turn to wait."""
+        wait = 0.0
+        for c in rules.throttles(self.controls):
+            assert c.max_roots_per_second is not None
+            wait = max(
+                wait,
+                store.take_budget(
+                    conn, c.scope.key, roots, c.max_roots_per_second, clock=self.clock
+                ),
+            )
+        return wait
 
     def reload(self, conn: Connection) -> None:
         """The generation changed under a running claim: read the controls again."""
