@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine
 
@@ -78,6 +78,59 @@ class NotReady(enum.Enum):
 
 NOT_READY = NotReady.NOT_READY  # ReadAhead.ready(): nothing prepared yet
 
+T = TypeVar("T")
+
+
+def put_until(q: queue.Queue[T], item: T, stop: threading.Event) -> bool:
+    """Put ``item``, waiting for room until ``stop`` is set (False: stopped first)."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def drain(q: queue.Queue[Any]) -> None:
+    """Empty ``q`` (unblocks a producer waiting in :func:`put_until` for room)."""
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
+class Handover(Generic[T]):
+    """The runner's end of a read-ahead (a thread's or a process's): prepared files, then one
+    item that ends the stream (the source's end, a failure), in order. :meth:`ready` takes a
+    file only when one is prepared; an ending item it meets is held for :meth:`next`, so the
+    runner meets it after the confirm it is about to send."""
+
+    def __init__(self, depth: int, is_file: Callable[[T], bool]) -> None:
+        self.queue: queue.Queue[T] = queue.Queue(depth)
+        self._is_file = is_file
+        self._held: T | None = None
+
+    def next(self) -> T:
+        """The next item, waiting for it."""
+        item = self._held if self._held is not None else self.queue.get()
+        self._held = None
+        return item
+
+    def ready(self) -> T | NotReady:
+        """The next file if it is prepared, else :data:`NOT_READY`."""
+        if self._held is not None:
+            return NOT_READY
+        try:
+            item = self.queue.get_nowait()
+        except queue.Empty:
+            return NOT_READY
+        if not self._is_file(item):
+            self._held = item
+            return NOT_READY
+        return item
+
 
 class ReadAhead:
     """Prepares the batch files after ``job``'s confirmed tail (``cursor`` = its last root).
@@ -101,14 +154,15 @@ class ReadAhead:
         self._cursor = cursor
         self._cap = cap
         self._lines: queue.Queue[_Lines | _Raised] = queue.Queue(DEPTH)
-        self._out: queue.Queue[PreparedBatch | _Exhausted | _Raised] = queue.Queue(DEPTH)
+        self._out: Handover[PreparedBatch | _Exhausted | _Raised] = Handover(
+            DEPTH, lambda item: isinstance(item, PreparedBatch)
+        )
         self._stop = threading.Event()
-        self._held: _Exhausted | _Raised | None = None  # taken by ready(), kept for next()
         tag = job.id.hex()[:8]
         self._threads = [
             threading.Thread(target=self._run, args=(self._read, self._lines), daemon=True,
                              name=f"archive-read-{tag}"),
-            threading.Thread(target=self._run, args=(self._pack, self._out), daemon=True,
+            threading.Thread(target=self._run, args=(self._pack, self._out.queue), daemon=True,
                              name=f"archive-pack-{tag}"),
         ]  # fmt: skip
 
@@ -122,22 +176,14 @@ class ReadAhead:
 
     def next(self) -> PreparedBatch | None:
         """The next prepared file, waiting for it; None when the source has no more roots."""
-        item, self._held = self._held or self._out.get(), None
-        return self._open(item)
+        return self._open(self._out.next())
 
     def ready(self) -> PreparedBatch | NotReady:
         """The next prepared file if it is ready, else :data:`NOT_READY`. The end of the source
         and errors are only ever delivered by :meth:`next` (so the runner meets them after the
         confirm it is about to send, in order)."""
-        if self._held is not None:
-            return NOT_READY
-        try:
-            item = self._out.get_nowait()
-        except queue.Empty:
-            return NOT_READY
-        if not isinstance(item, PreparedBatch):
-            self._held = item
-            return NOT_READY
+        item = self._out.ready()
+        assert item is NOT_READY or isinstance(item, PreparedBatch)
         return item
 
     @staticmethod
@@ -150,12 +196,8 @@ class ReadAhead:
 
     def close(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        for q in (self._out, self._lines):  # unblock a put() waiting for room
-            while True:
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    break
+        for q in (self._out.queue, self._lines):  # unblock a put() waiting for room
+            drain(q)
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout)
@@ -163,13 +205,7 @@ class ReadAhead:
     # --- the threads -----------------------------------------------------------------------
 
     def _put(self, q: queue.Queue[Any], item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_until(q, item, self._stop)
 
     def _take(self, q: queue.Queue[Any]) -> Any:
         while not self._stop.is_set():
@@ -222,7 +258,7 @@ class ReadAhead:
                 pending.extend(item.items)
                 has_more = item.has_more
             if not pending:
-                self._put(self._out, _Exhausted())
+                self._put(self._out.queue, _Exhausted())
                 return
             take = min(job.batch_size, len(pending))
             batch = [pending[i] for i in range(take)]
@@ -236,7 +272,7 @@ class ReadAhead:
             prepared = PreparedBatch(
                 seq, prev, file_names.batch_name(seq, sha), data, sha, roots, final
             )
-            if not self._put(self._out, prepared):
+            if not self._put(self._out.queue, prepared):
                 return
             failpoints.hit("archive.read_ahead")
             if final:

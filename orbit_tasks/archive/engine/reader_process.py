@@ -30,7 +30,6 @@ import ctypes
 import logging
 import os
 import pickle
-import queue
 import signal
 import subprocess
 import sys
@@ -39,7 +38,15 @@ from typing import IO, Any
 
 from sqlalchemy import Engine
 
-from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
+from orbit_tasks.archive.engine.readahead import (
+    NOT_READY,
+    Handover,
+    NotReady,
+    PreparedBatch,
+    ReadAhead,
+    drain,
+    put_until,
+)
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import source
@@ -74,8 +81,7 @@ class ProcessReadAhead:
             cursor,
             cap,
         )
-        self._items: queue.Queue[tuple[Any, ...]] = queue.Queue(DEPTH)
-        self._held: tuple[Any, ...] | None = None
+        self._items: Handover[tuple[Any, ...]] = Handover(DEPTH, lambda item: item[0] == "batch")
         self._done = False  # the stream ended (end, failure or fault): the process is finished
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
@@ -100,18 +106,11 @@ class ProcessReadAhead:
         self.close()
 
     def next(self) -> PreparedBatch | None:
-        item, self._held = self._held or self._items.get(), None
-        return self._open(item)
+        return self._open(self._items.next())
 
     def ready(self) -> PreparedBatch | NotReady:
-        if self._held is not None:
-            return NOT_READY
-        try:
-            item = self._items.get_nowait()
-        except queue.Empty:
-            return NOT_READY
-        if item[0] != "batch":
-            self._held = item
+        item = self._items.ready()
+        if item is NOT_READY:
             return NOT_READY
         batch: PreparedBatch = item[1]
         return batch
@@ -133,11 +132,7 @@ class ProcessReadAhead:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()  # stopped early, or finished: it holds nothing worth waiting for
-        while True:  # unblock the receiving thread's put()
-            try:
-                self._items.get_nowait()
-            except queue.Empty:
-                break
+        drain(self._items.queue)  # unblock the receiving thread's put()
         if self._thread is not None:
             self._thread.join(10)
         if proc is not None:
@@ -155,17 +150,8 @@ class ProcessReadAhead:
             except Exception as exc:  # noqa: BLE001 - EOF, a torn pickle: the process died
                 code = self._proc.poll() if self._proc is not None else None
                 item = ("lost", f"reader process ended ({type(exc).__name__}, exit {code})")
-            if not self._put(item) or item[0] != "batch":
+            if not put_until(self._items.queue, item, self._stop) or item[0] != "batch":
                 return
-
-    def _put(self, item: tuple[Any, ...]) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._items.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
 
 
 # --- the spare process of this runner process ---------------------------------------------------
