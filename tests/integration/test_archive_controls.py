@@ -115,6 +115,8 @@ def test_pause_stops_a_running_job_within_one_batch_then_resume_finishes(
         human = ae.orbit("archive", "controls").stdout
         assert "pause" in human and "db maintenance" in human and "test-operator" in human
 
+        w.stop()  # while the job waits (no lease): the rest at full speed
+        ae.worker("pause-fast", [vol])
         ae.orbit("archive", "resume", "--storage", sid.hex())
         done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=180)
         assert done.state is JobState.SUCCEEDED, done
