@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install services test test-fast lint typecheck fmt demo bench clean compose-check
+.PHONY: install services test test-fast lint typecheck fmt demo bench bench-results clean compose-check
 
 install:
 	@bash scripts/bootstrap.sh
@@ -39,6 +39,10 @@ demo: install
 bench: install services
 	@command -v pt-archiver >/dev/null || (apt-get update -qq && apt-get install -y -qq percona-toolkit >/dev/null)
 	$(PY) bench/run.py
+
+## Rebuild bench/RESULTS.md from the committed bench/*.json (runs no benchmark).
+bench-results: install
+	$(PY) bench/run.py --render
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache build *.egg-info

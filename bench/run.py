@@ -3,7 +3,8 @@
 Benchmarks are separate from the tests: they print ratios measured in one run on this machine
 and each writes ``bench/<name>.json``; this runner turns those into one page, with issue 8's
 targets first. ``bench/run.py NAME ...`` reruns only those scripts and rebuilds the page from
-every result file (each section says when it was measured).
+every result file (each section says when it was measured); ``bench/run.py --render`` runs
+nothing and only rebuilds the page from the result files committed (``make bench-results``).
 """
 
 from __future__ import annotations
@@ -119,12 +120,16 @@ def _targets(docs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    unknown = [n for n in argv if n not in SCRIPTS]
+    render_only = argv == ["--render"]
+    unknown = [] if render_only else [n for n in argv if n not in SCRIPTS]
     if unknown:
-        print(f"bench: unknown benchmark {', '.join(unknown)} (allowed {', '.join(SCRIPTS)})")
+        print(
+            f"bench: unknown benchmark {', '.join(unknown)} "
+            f"(allowed {', '.join(SCRIPTS)}, or --render alone)"
+        )
         return 2
     failed = []
-    for name in argv or SCRIPTS:
+    for name in [] if render_only else argv or SCRIPTS:
         print(f"bench: running {name} ...", flush=True)
         if subprocess.run([sys.executable, str(BENCH / f"{name}.py")], cwd=BENCH.parent).returncode:
             failed.append(name)
