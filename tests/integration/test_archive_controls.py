@@ -558,3 +558,43 @@ def test_window_boundaries_before_a_claim_and_at_a_batch_boundary(
         st = _show(ae, done)["statistics"]
         assert st["waiting"] is None and st["waited_seconds"]["window"] > 0, st
         assert isinstance(datetime.now(), datetime)
+
+
+def test_jobs_outside_their_window_do_not_take_the_sweeps_wake_ups_from_others(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """The sweep wakes the oldest PENDING jobs first, and a job waiting before its claim keeps
+    its place (nothing of the job row moves). Jobs of a namespace whose window is closed would
+    take the whole wake-up budget every tick and the other namespaces' jobs on the storage
+    would never be woken: the tick leaves jobs outside a window out of its sweep, as it does
+    for paused scopes, and wakes them at the first tick inside it."""
+    from orbit_tasks.db.engine import FixedClock
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        sid = make_volume(platform_engine, tmp_path / "vol")
+        ns_w, _ = make_namespace(platform_engine, "win-closed")
+        ns_o, _ = make_namespace(platform_engine, "win-other")
+        make_plan(platform_engine, ns_w, "events", sid)
+        job_w = create_job(ae, ns_w, "events")  # the older job
+        make_plan(platform_engine, ns_o, "events", sid)
+        job_o = create_job(ae, ns_o, "events")
+        with platform_engine.connect() as conn:
+            now = db_now(conn)
+        start = (now + timedelta(hours=2)).strftime("%H:%M")
+        end = (now + timedelta(hours=3)).strftime("%H:%M")
+        ae.orbit("archive", "window", "--namespace", "win-closed", f"{start}-{end}")
+        woken: list[bytes] = []
+        one = ae.settings.with_overrides(archive_wakeups_per_tick=1)
+
+        def tick(clock: object = None) -> None:
+            from orbit_tasks.archive.tick import run_tick
+
+            woken.clear()
+            kw = {} if clock is None else {"clock": clock}
+            run_tick(platform_engine, one, lambda s, n, j, kind="": woken.append(j), **kw)
+
+        for _ in range(3):
+            tick()
+            assert woken == [job_o.id], (woken, job_w.id, job_o.id)
+        tick(FixedClock(now + timedelta(hours=2, minutes=1)))  # open: the older job is woken
+        assert woken == [job_w.id], woken
