@@ -598,3 +598,43 @@ def test_jobs_outside_their_window_do_not_take_the_sweeps_wake_ups_from_others(
             assert woken == [job_o.id], (woken, job_w.id, job_o.id)
         tick(FixedClock(now + timedelta(hours=2, minutes=1)))  # open: the older job is woken
         assert woken == [job_w.id], woken
+
+
+def test_a_throttled_stop_wakes_a_continuation_that_takes_its_turn(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """In-process runner on MariaDB: each batch costs 6 s of a 10 roots/s budget, so the claim
+    sleeps its turns within its 14 s slice and stops `throttled` at the boundary whose turn
+    ends after the slice, publishing a continuation. That continuation arrives at once and
+    sees the rest of the turn (~6 s): it must take it and claim, not record a wait whose only
+    wake-up is the next tick (a minute away in production), which would pace the scope far
+    below its rate."""
+    from orbit_tasks.archive.engine import runner
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, q = make_namespace(platform_engine, "thr-cont")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=60)
+        seed(platform_engine, ns, q, "events", 600)
+        job = create_job(ae, ns, "events")
+        ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "10")
+        settings = ae.settings.with_overrides(archive_slice_seconds=14)
+        published: list[bytes] = []
+
+        def run() -> str:
+            return runner.run_job(
+                ns.hex(), job.id.hex(), {sid.hex(): vol}, settings, engine=platform_engine,
+                publish=lambda s, n, j, kind="": published.append(j),
+            )  # fmt: skip
+
+        assert run() == "stopped"
+        assert published == [job.id]  # the continuation of a throttled stop
+        first = ae.job(ns, job.id)
+        assert first.state is JobState.PENDING and first.attempts == first.batches + 1
+        outcome = run()  # the continuation, delivered at once
+        assert outcome in ("stopped", "released", "succeeded"), outcome
+        j = ae.job(ns, job.id)
+        assert j.batches > first.batches and j.attempts == j.batches + (
+            0 if j.state is JobState.SUCCEEDED else 1
+        ), (first, j)

@@ -34,10 +34,6 @@ from orbit_tasks.archive.store import controls as store
 from orbit_tasks.db.engine import Clock
 from orbit_tasks.settings import Settings
 
-#: The longest throttle wait a worker sleeps before a claim (it holds no claim meanwhile);
-#: longer waits are recorded and the tick wakes the job again.
-MAX_SLEEP_BEFORE_CLAIM = 5.0
-
 
 @dataclass
 class Gate:

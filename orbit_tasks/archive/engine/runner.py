@@ -219,14 +219,16 @@ def _replica_beat(source_engine: Engine) -> datetime | None:
 
 def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
     """Ask the checks before claiming (a waiting job is never claimed to find out). A short
-    throttle wait is reserved and slept here, holding no claim, within the first half of the
-    slice; any other reason is recorded as the job's wait and returned."""
+    throttle wait is reserved and slept here, holding no claim, when it ends within the first
+    half of the slice (a fixed cap shorter than that would leave the continuation of a
+    ``throttled`` stop, whose turn is up to one batch's cost, waiting for the tick); any other
+    reason is recorded as the job's wait and returned."""
     budget = started + g.settings.archive_slice_seconds / 2
     while True:
         reason, wait = g.before_claim(conn)
         if reason is None:
             return None
-        short = wait <= gate.MAX_SLEEP_BEFORE_CLAIM and time.monotonic() + wait < budget
+        short = time.monotonic() + wait < budget
         if reason is not WaitReason.THROTTLED or not short:
             break
         # take this job's turn (its first batch) and sleep it: only looking again would starve
