@@ -638,3 +638,51 @@ def test_a_throttled_stop_wakes_a_continuation_that_takes_its_turn(
         assert j.batches > first.batches and j.attempts == j.batches + (
             0 if j.state is JobState.SUCCEEDED else 1
         ), (first, j)
+
+
+def test_a_pause_while_a_job_sleeps_its_throttle_turn_keeps_it_unclaimed(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """In-process runner on MariaDB: the storage's budget is taken 4 s ahead, so the job
+    reserves its turn and sleeps it before claiming. A pause committed during that sleep is
+    seen before the claim: the job waits `paused`, unclaimed (attempts 0, no batch), instead
+    of being claimed after the pause and writing a batch before its first boundary says so."""
+    from orbit_tasks.archive.controls import ControlKind, Scope
+    from orbit_tasks.archive.engine import runner
+    from orbit_tasks.archive.store import controls as control_store
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, q = make_namespace(platform_engine, "thr-pause")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=10)
+        seed(platform_engine, ns, q, "events", 100)
+        job = create_job(ae, ns, "events")
+        ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "10")
+        settings = ae.settings.with_overrides(archive_slice_seconds=14)
+        with platform_engine.connect() as conn:
+            control_store.take_budget(conn, Scope(storage_id=sid).key, 40, 10)  # 4 s ahead
+        outcome: list[str] = []
+        t = threading.Thread(
+            target=lambda: outcome.append(
+                runner.run_job(
+                    ns.hex(),
+                    job.id.hex(),
+                    {sid.hex(): vol},
+                    settings,
+                    engine=platform_engine,
+                    publish=lambda *a, **k: None,
+                )  # fmt: skip
+            )
+        )
+        t.start()
+        time.sleep(1.5)  # the job sleeps its turn, holding no claim
+        with platform_engine.begin() as conn:
+            control_store.change(
+                conn, control_store.Change(ControlKind.PAUSE, Scope(), reason="now"), actor="t"
+            )
+        t.join(30)
+        j = ae.job(ns, job.id)
+        assert outcome == ["waiting"], (outcome, j)
+        assert (j.state, j.attempts, j.batches) == (JobState.PENDING, 0, 0), j
+        assert _show(ae, j)["statistics"]["waiting"] == "paused"

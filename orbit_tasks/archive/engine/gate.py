@@ -150,6 +150,11 @@ class Gate:
             )
         return wait
 
+    def changed(self, conn: Connection) -> bool:
+        """Whether a control changed since the gate read the generation (one statement)."""
+        with conn.begin():
+            return store.read_generation(conn) != self.generation
+
     def reload(self, conn: Connection) -> None:
         """The generation changed under a running claim: read the controls again."""
         fresh = open_gate(conn, self.job, self.settings, self.clock, waits=False)

@@ -234,7 +234,15 @@ def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> W
         # take this job's turn (its first batch) and sleep it: only looking again would starve
         # behind a running claim that takes the next turn as soon as the last is paid for
         time.sleep(g.reserve(conn, job.batch_size))
-        return None
+        if not g.changed(conn):
+            return None
+        # a control changed while it slept (a pause, a window closing): ask again before the
+        # claim, or a paused job would be claimed and write a batch; its turn stays reserved
+        g.reload(conn)
+        reason, _wait = g.before_claim(conn)
+        if reason is None or reason is WaitReason.THROTTLED:
+            return None
+        break
     with atomic(conn):
         control_store.record_wait(conn, job.namespace_id, job.id, reason, g.clock.now(conn))
     log_action(
