@@ -603,19 +603,20 @@ def test_jobs_outside_their_window_do_not_take_the_sweeps_wake_ups_from_others(
 def test_a_throttled_stop_wakes_a_continuation_that_takes_its_turn(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path
 ) -> None:
-    """In-process runner on MariaDB: each batch costs 6 s of a 10 roots/s budget, so the claim
+    """In-process runner on MariaDB: each batch costs 3 s of a 10 roots/s budget, so the claim
     sleeps its turns within its 14 s slice and stops `throttled` at the boundary whose turn
     ends after the slice, publishing a continuation. That continuation arrives at once and
-    sees the rest of the turn (~6 s): it must take it and claim, not record a wait whose only
-    wake-up is the next tick (a minute away in production), which would pace the scope far
-    below its rate."""
+    sees the rest of that turn plus the cost of the file the stop confirmed (up to 6 s, more
+    than the old 5 s cap, less than half the slice): it must take its turn and claim, not
+    record a wait whose only wake-up is the next tick (a minute away in production), which
+    would pace the scope far below its rate."""
     from orbit_tasks.archive.engine import runner
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
         ns, q = make_namespace(platform_engine, "thr-cont")
         vol = tmp_path / "vol"
         sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=60)
+        make_plan(platform_engine, ns, "events", sid, batch_size=30)
         seed(platform_engine, ns, q, "events", 600)
         job = create_job(ae, ns, "events")
         ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "10")

@@ -221,7 +221,7 @@ def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> W
     """Ask the checks before claiming (a waiting job is never claimed to find out). A short
     throttle wait is reserved and slept here, holding no claim, when it ends within the first
     half of the slice (a fixed cap shorter than that would leave the continuation of a
-    ``throttled`` stop, whose turn is up to one batch's cost, waiting for the tick); any other
+    ``throttled`` stop, which sees up to two batches' cost, waiting for the tick); any other
     reason is recorded as the job's wait and returned."""
     budget = started + g.settings.archive_slice_seconds / 2
     while True:
