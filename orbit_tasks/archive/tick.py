@@ -86,6 +86,7 @@ def run_tick(
             report.now = clock.now(conn)
             storages = [bytes.fromhex(s["storage_id"]) for s in list_storages(conn)]
             paused = control_store.pauses(conn)  # read once; workers check again anyway
+            closed = control_store.closed_windows(conn, report.now)
         report.storages = len(storages)
         for storage_id in storages:
             _create_jobs(engine, storage_id, clock, report)
@@ -94,7 +95,7 @@ def run_tick(
             plan_store.write_heartbeat(conn, clock)
         stage = "sweep"
         budget = settings.archive_wakeups_per_tick
-        _sweep_and_publish(engine, storages, paused, budget, publish, clock, report)
+        _sweep_and_publish(engine, storages, paused, closed, budget, publish, clock, report)
     except TransientError:
         raise
     except Exception as exc:
@@ -310,22 +311,28 @@ def _sweep_and_publish(
     engine: Engine,
     storages: list[bytes],
     paused: list[Scope],
+    closed: list[Scope],
     budget: int,
     publish: Publisher,
     clock: Clock,
     report: TickReport,
 ) -> None:
     """At most ``budget`` wake-ups in total; each storage gets an equal share first, and what a
-    quiet storage leaves over goes to the following ones. Jobs of paused scopes get none (a
-    storage paused as a whole is skipped); jobs waiting for another reason get theirs as
-    before, so that they run again within a tick of the reason ending."""
+    quiet storage leaves over goes to the following ones. Jobs of paused scopes and of scopes
+    outside their run window (``closed``, judged at the tick's ``now``) get none: they would
+    only wait, and the oldest of them would take every tick's wake-ups from the jobs that may
+    run (a storage held as a whole is skipped). Jobs waiting for another reason get theirs as
+    before, so that they run again within a tick of the reason ending; a window's jobs get
+    theirs at the first tick inside it."""
     remaining = budget
+    held = paused + closed
     for index, storage_id in enumerate(storages):
         if remaining <= 0:
             return
-        where = control_store.not_paused(storage_id, paused)
+        where = control_store.not_paused(storage_id, held)
         if where is None:
-            report.paused_storages += 1
+            if control_store.not_paused(storage_id, paused) is None:
+                report.paused_storages += 1
             continue
         share = min(remaining, math.ceil(remaining / (len(storages) - index)))
         with engine.connect() as conn:

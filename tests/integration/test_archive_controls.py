@@ -560,3 +560,132 @@ def test_window_boundaries_before_a_claim_and_at_a_batch_boundary(
         st = _show(ae, done)["statistics"]
         assert st["waiting"] is None and st["waited_seconds"]["window"] > 0, st
         assert isinstance(datetime.now(), datetime)
+
+
+def test_jobs_outside_their_window_do_not_take_the_sweeps_wake_ups_from_others(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """The sweep wakes the oldest PENDING jobs first, and a job waiting before its claim keeps
+    its place (nothing of the job row moves). Jobs of a namespace whose window is closed would
+    take the whole wake-up budget every tick and the other namespaces' jobs on the storage
+    would never be woken: the tick leaves jobs outside a window out of its sweep, as it does
+    for paused scopes, and wakes them at the first tick inside it."""
+    from orbit_tasks.db.engine import FixedClock
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        sid = make_volume(platform_engine, tmp_path / "vol")
+        ns_w, _ = make_namespace(platform_engine, "win-closed")
+        ns_o, _ = make_namespace(platform_engine, "win-other")
+        make_plan(platform_engine, ns_w, "events", sid)
+        job_w = create_job(ae, ns_w, "events")  # the older job
+        make_plan(platform_engine, ns_o, "events", sid)
+        job_o = create_job(ae, ns_o, "events")
+        with platform_engine.connect() as conn:
+            now = db_now(conn)
+        start = (now + timedelta(hours=2)).strftime("%H:%M")
+        end = (now + timedelta(hours=3)).strftime("%H:%M")
+        ae.orbit("archive", "window", "--namespace", "win-closed", f"{start}-{end}")
+        woken: list[bytes] = []
+        one = ae.settings.with_overrides(archive_wakeups_per_tick=1)
+
+        def tick(clock: object = None) -> None:
+            from orbit_tasks.archive.tick import run_tick
+
+            woken.clear()
+            kw = {} if clock is None else {"clock": clock}
+            run_tick(platform_engine, one, lambda s, n, j, kind="": woken.append(j), **kw)
+
+        for _ in range(3):
+            tick()
+            assert woken == [job_o.id], (woken, job_w.id, job_o.id)
+        tick(FixedClock(now + timedelta(hours=2, minutes=1)))  # open: the older job is woken
+        assert woken == [job_w.id], woken
+
+
+def test_a_throttled_stop_wakes_a_continuation_that_takes_its_turn(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """In-process runner on MariaDB: each batch costs 3 s of a 10 roots/s budget, so the claim
+    sleeps its turns within its 14 s slice and stops `throttled` at the boundary whose turn
+    ends after the slice, publishing a continuation. That continuation arrives at once and
+    sees the rest of that turn plus the cost of the file the stop confirmed (up to 6 s, more
+    than the old 5 s cap, less than half the slice): it must take its turn and claim, not
+    record a wait whose only wake-up is the next tick (a minute away in production), which
+    would pace the scope far below its rate."""
+    from orbit_tasks.archive.engine import runner
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, q = make_namespace(platform_engine, "thr-cont")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=30)
+        seed(platform_engine, ns, q, "events", 600)
+        job = create_job(ae, ns, "events")
+        ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "10")
+        settings = ae.settings.with_overrides(archive_slice_seconds=14)
+        published: list[bytes] = []
+
+        def run() -> str:
+            return runner.run_job(
+                ns.hex(), job.id.hex(), {sid.hex(): vol}, settings, engine=platform_engine,
+                publish=lambda s, n, j, kind="": published.append(j),
+            )  # fmt: skip
+
+        assert run() == "stopped"
+        assert published == [job.id]  # the continuation of a throttled stop
+        first = ae.job(ns, job.id)
+        assert first.state is JobState.PENDING and first.attempts == first.batches + 1
+        outcome = run()  # the continuation, delivered at once
+        assert outcome in ("stopped", "released", "succeeded"), outcome
+        j = ae.job(ns, job.id)
+        assert j.batches > first.batches and j.attempts == j.batches + (
+            0 if j.state is JobState.SUCCEEDED else 1
+        ), (first, j)
+
+
+def test_a_pause_while_a_job_sleeps_its_throttle_turn_keeps_it_unclaimed(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """In-process runner on MariaDB: the storage's budget is taken 4 s ahead, so the job
+    reserves its turn and sleeps it before claiming. A pause committed during that sleep is
+    seen before the claim: the job waits `paused`, unclaimed (attempts 0, no batch), instead
+    of being claimed after the pause and writing a batch before its first boundary says so."""
+    from orbit_tasks.archive.controls import ControlKind, Scope
+    from orbit_tasks.archive.engine import runner
+    from orbit_tasks.archive.store import controls as control_store
+
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, q = make_namespace(platform_engine, "thr-pause")
+        vol = tmp_path / "vol"
+        sid = make_volume(platform_engine, vol)
+        make_plan(platform_engine, ns, "events", sid, batch_size=10)
+        seed(platform_engine, ns, q, "events", 100)
+        job = create_job(ae, ns, "events")
+        ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "10")
+        settings = ae.settings.with_overrides(archive_slice_seconds=14)
+        with platform_engine.connect() as conn:
+            control_store.take_budget(conn, Scope(storage_id=sid).key, 40, 10)  # 4 s ahead
+        outcome: list[str] = []
+        t = threading.Thread(
+            target=lambda: outcome.append(
+                runner.run_job(
+                    ns.hex(),
+                    job.id.hex(),
+                    {sid.hex(): vol},
+                    settings,
+                    engine=platform_engine,
+                    publish=lambda *a, **k: None,
+                )  # fmt: skip
+            )
+        )
+        t.start()
+        time.sleep(1.5)  # the job sleeps its turn, holding no claim
+        with platform_engine.begin() as conn:
+            control_store.change(
+                conn, control_store.Change(ControlKind.PAUSE, Scope(), reason="now"), actor="t"
+            )
+        t.join(30)
+        j = ae.job(ns, job.id)
+        assert outcome == ["waiting"], (outcome, j)
+        assert (j.state, j.attempts, j.batches) == (JobState.PENDING, 0, 0), j
+        assert _show(ae, j)["statistics"]["waiting"] == "paused"

@@ -34,10 +34,6 @@ from orbit_tasks.archive.store import controls as store
 from orbit_tasks.db.engine import Clock
 from orbit_tasks.settings import Settings
 
-#: The longest throttle wait a worker sleeps before a claim (it holds no claim meanwhile);
-#: longer waits are recorded and the tick wakes the job again.
-MAX_SLEEP_BEFORE_CLAIM = 5.0
-
 
 @dataclass
 class Gate:
@@ -153,6 +149,11 @@ class Gate:
                 ),
             )
         return wait
+
+    def changed(self, conn: Connection) -> bool:
+        """Whether a control changed since the gate read the generation (one statement)."""
+        with conn.begin():
+            return store.read_generation(conn) != self.generation
 
     def reload(self, conn: Connection) -> None:
         """The generation changed under a running claim: read the controls again."""

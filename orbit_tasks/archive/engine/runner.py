@@ -219,20 +219,30 @@ def _replica_beat(source_engine: Engine) -> datetime | None:
 
 def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
     """Ask the checks before claiming (a waiting job is never claimed to find out). A short
-    throttle wait is reserved and slept here, holding no claim, within the first half of the
-    slice; any other reason is recorded as the job's wait and returned."""
+    throttle wait is reserved and slept here, holding no claim, when it ends within the first
+    half of the slice (a fixed cap shorter than that would leave the continuation of a
+    ``throttled`` stop, which sees up to two batches' cost, waiting for the tick); any other
+    reason is recorded as the job's wait and returned."""
     budget = started + g.settings.archive_slice_seconds / 2
     while True:
         reason, wait = g.before_claim(conn)
         if reason is None:
             return None
-        short = wait <= gate.MAX_SLEEP_BEFORE_CLAIM and time.monotonic() + wait < budget
+        short = time.monotonic() + wait < budget
         if reason is not WaitReason.THROTTLED or not short:
             break
         # take this job's turn (its first batch) and sleep it: only looking again would starve
         # behind a running claim that takes the next turn as soon as the last is paid for
         time.sleep(g.reserve(conn, job.batch_size))
-        return None
+        if not g.changed(conn):
+            return None
+        # a control changed while it slept (a pause, a window closing): ask again before the
+        # claim, or a paused job would be claimed and write a batch; its turn stays reserved
+        g.reload(conn)
+        reason, _wait = g.before_claim(conn)
+        if reason is None or reason is WaitReason.THROTTLED:
+            return None
+        break
     with atomic(conn):
         control_store.record_wait(conn, job.namespace_id, job.id, reason, g.clock.now(conn))
     log_action(

@@ -42,6 +42,7 @@ from orbit_tasks.archive.controls import (
     WaitReason,
     Window,
     format_windows,
+    in_window,
     scope_keys,
     stored_windows,
 )
@@ -133,6 +134,22 @@ def pauses(conn: Connection) -> list[Scope]:
         )
     ).all()
     return [Scope(r.storage_id, r.namespace_id, r.kind) for r in rows]
+
+
+def closed_windows(conn: Connection, now: datetime) -> list[Scope]:
+    """The scopes of the window controls that are closed at ``now``: the tick's sweep leaves
+    their jobs out like those of paused scopes (they would only wait, and take the wake-ups of
+    the jobs that may run)."""
+    rows = conn.execute(
+        select(C.c.storage_id, C.c.namespace_id, C.c.kind, C.c.windows).where(
+            C.c.control == ControlKind.WINDOW.value
+        )
+    ).all()
+    return [
+        Scope(r.storage_id, r.namespace_id, r.kind)
+        for r in rows
+        if not in_window(stored_windows(r.windows), now)
+    ]
 
 
 @dataclass(frozen=True)
