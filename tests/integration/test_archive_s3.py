@@ -26,6 +26,7 @@ from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.support.archive_jobs import (
     ArchiveEnv,
+    adoption_race,
     archive_env,
     assert_succeeded_exactly,
     cli_json,
@@ -456,3 +457,27 @@ def test_bad_input_is_one_line_and_writes_nothing(
         nested = run_orbit(moto.init_args(f"s3://{bucket}/p/inner"), other_env)
         assert_one_line_error(nested, 3, "storages cannot nest")
     assert moto.keys(bucket) == ["p/.orbit-volume.json"]
+
+
+def test_stale_writer_never_deletes_an_object_a_new_claim_adopted(
+    s3ae: ArchiveEnv, moto: MotoServer
+) -> None:
+    """SPEC §5 step 6 on S3, the put-back race (tests/support/archive_jobs.py
+    ``adoption_race``): the stale writer's object is ahead of a PENDING job; a new claim finds
+    it under its own name (412, identical bytes) and confirms it. A delete re-checked
+    afterwards (to put the bytes back) leaves the confirmed name missing while the stale
+    writer is paused (SIGSTOP) -- the next claim fails CHAIN_BROKEN -- or for good if it dies."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("adopt"))
+    sid, loc = _init(ae, moto, f"s3://{bucket}/a")
+    ns, queue = make_namespace(ae.engine, "s3-adopt")
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=4)
+    seed(ae.engine, ns, queue, "tasks", 10)
+    job = create_job(ae, ns, "tasks")
+    storage = S3Storage(loc, retry_seconds=5)
+    outcome, removed = adoption_race(ae, job, storage, loc)
+    done = ae.job(ns, job.id)
+    assert outcome == "succeeded" and done.state is JobState.SUCCEEDED, (outcome, done)
+    assert removed == 0
+    assert_succeeded_exactly(ae, done, storage)
+    _assert_prefix_is_exactly_the_chains(moto, loc, [done])

@@ -11,9 +11,11 @@ file) and ``PREFIX/<ns_hex>/<job_hex>/<name>`` the job files, named as on a volu
   ``storage init`` runs on one prefix exactly one identity wins.
 * Listing (``ListObjectsV2``, paginated) is done only where a folder is listed: a takeover and
   the final step (and ``orbit job verify|export|restore``); never per batch.
-* A stale writer's removal (step 6) deletes the key, then the caller re-checks the job row and
-  puts the same bytes back if that name got confirmed meanwhile (there is no inode to fence a
-  delete on; the bytes of a content-addressed name are the same whoever wrote them).
+* A stale writer's removal (step 6) deletes the key only when no claim can confirm that name
+  any more (``claims.unconfirmed_file_fate``: there is no inode to fence a delete on, and a
+  claim may have found the object under its own name); then the caller re-checks the job row
+  and puts the same bytes back if that name got confirmed meanwhile (a guard: the bytes of a
+  content-addressed name are the same whoever wrote them).
 * Faults: throttling (``SlowDown``, 429), 5xx, timeouts and connection resets are retried with
   capped exponential backoff and full jitter for at most ``retry_seconds`` per request (the
   runner passes a third of the lease); then :class:`StorageUnavailable` (the runner stops and
