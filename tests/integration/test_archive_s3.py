@@ -481,3 +481,32 @@ def test_stale_writer_never_deletes_an_object_a_new_claim_adopted(
     assert removed == 0
     assert_succeeded_exactly(ae, done, storage)
     _assert_prefix_is_exactly_the_chains(moto, loc, [done])
+
+
+def test_credentials_in_an_endpoint_or_url_are_refused_and_never_echoed(
+    s3ae: ArchiveEnv, moto: MotoServer
+) -> None:
+    """An endpoint with user info (``http://KEY:SECRET@host``) or a query, or an s3:// URL with
+    user info, is refused (exit 2, one line) without printing the secret, and nothing is
+    written: credentials come only from the AWS chain, never from the registry."""
+    ae = s3ae
+    env = dict(ae.env)
+    bucket = moto.bucket(bucket_name("creds"))
+    secret = "s3cr3tPassw0rd"
+    host = moto.endpoint.removeprefix("http://")
+    for endpoint in (
+        f"http://AKIAORBIT:{secret}@{host}",
+        f"http://{secret}@{host}",
+        f"http://{host}/?X-Amz-Signature={secret}",
+        f"http://{host}?token={secret}",
+        f"http://AKIAORBIT:{secret}@{host}/path",
+    ):
+        proc = run_orbit(moto.init_args(f"s3://{bucket}/p", endpoint), env)
+        line = assert_one_line_error(proc, 2, "endpoint")
+        assert secret not in line, line
+    proc = run_orbit(moto.init_args(f"s3://AKIAORBIT:{secret}@{bucket}/p"), env)
+    line = assert_one_line_error(proc, 2)
+    assert secret not in line, line
+    assert moto.keys(bucket) == []
+    with ae.engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM orbit_archive_storages")).scalar() == 0
