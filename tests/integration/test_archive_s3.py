@@ -510,3 +510,26 @@ def test_credentials_in_an_endpoint_or_url_are_refused_and_never_echoed(
     assert moto.keys(bucket) == []
     with ae.engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM orbit_archive_storages")).scalar() == 0
+
+
+@pytest.mark.slow
+def test_a_job_prefix_over_a_thousand_keys_is_listed_whole(aws: MotoServer) -> None:
+    """ListObjectsV2 answers at most 1,000 keys a page: a takeover's or a final step's listing
+    follows the continuation tokens (every key of the job, none of the storage next door whose
+    prefix starts with this one's: ``a/b`` and ``a/bc``)."""
+    moto = aws
+    bucket = moto.bucket(bucket_name("pages"))
+    ns, job = b"\x02" * 16, b"\x03" * 16
+    jf = S3Storage(S3Location(bucket, "a/b", moto.endpoint, REGION, True), retry_seconds=5).job(
+        ns, job
+    )
+    client = moto.client()
+    names = [f"{seq:08d}-{sha256_hex(str(seq).encode())}.jsonl.gz" for seq in range(1, 1004)]
+    for n in names:
+        client.put_object(Bucket=bucket, Key=f"a/b/{ns.hex()}/{job.hex()}/{n}", Body=b"x")
+    client.put_object(Bucket=bucket, Key=f"a/bc/{ns.hex()}/{job.hex()}/{names[0]}", Body=b"y")
+    assert jf.names() == sorted(names)
+    assert jf.exists()
+    jf.remove(names[1000:])
+    assert jf.names() == sorted(names[:1000])
+    assert moto.keys(bucket, "a/bc/") == [f"a/bc/{ns.hex()}/{job.hex()}/{names[0]}"]
