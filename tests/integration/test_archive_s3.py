@@ -533,3 +533,19 @@ def test_a_job_prefix_over_a_thousand_keys_is_listed_whole(aws: MotoServer) -> N
     jf.remove(names[1000:])
     assert jf.names() == sorted(names[:1000])
     assert moto.keys(bucket, "a/bc/") == [f"a/bc/{ns.hex()}/{job.hex()}/{names[0]}"]
+
+
+def test_debug_logging_prints_no_credential(s3ae: ArchiveEnv, moto: MotoServer) -> None:
+    """``ORBIT_LOG_LEVEL=DEBUG`` must not turn botocore's request dumps on: they carry the
+    access key id (``Authorization``), the signature and a session token
+    (``x-amz-security-token``) of the AWS chain."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("debug"))
+    token = "orbitSessionToken" + bucket[-8:]
+    env = {**ae.env, "ORBIT_LOG_LEVEL": "DEBUG", "AWS_SESSION_TOKEN": token}
+    proc = run_orbit([*moto.init_args(f"s3://{bucket}/d"), "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "DEBUG" in out  # the level took effect
+    for secret in (token, moto.access_key, moto.secret_key, "Signature="):
+        assert secret not in out, secret
