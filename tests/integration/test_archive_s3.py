@@ -549,3 +549,38 @@ def test_debug_logging_prints_no_credential(s3ae: ArchiveEnv, moto: MotoServer) 
     assert "DEBUG" in out  # the level took effect
     for secret in (token, moto.access_key, moto.secret_key, "Signature="):
         assert secret not in out, secret
+
+
+def test_no_listing_per_batch(s3ae: ArchiveEnv, moto: MotoServer) -> None:
+    """A job of many files, claims from PENDING only (released at every slice): the prefix is
+    listed once, at the final step; per file one conditional PUT and one identity GET."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("lists"))
+    sid, _ = _init(ae, moto, f"s3://{bucket}/l")
+    ns, queue = make_namespace(ae.engine, "s3-lists")
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=3)
+    seed(ae.engine, ns, queue, "tasks", 30)
+    job = create_job(ae, ns, "tasks")
+    with fault_proxy(moto.endpoint, lambda *a: PASS) as proxy:
+        place = S3Location(bucket, "l", proxy.url, REGION, True)
+        settings = ae.settings.with_overrides(archive_slice_seconds=0)
+        outcomes = []
+        while not outcomes or outcomes[-1] == "released":
+            outcomes.append(
+                runner.run_job(
+                    ns.hex(),
+                    job.id.hex(),
+                    {sid.hex(): place},
+                    settings,
+                    engine=ae.engine,
+                    publish=lambda *a, **k: None,
+                )  # fmt: skip
+            )
+        seen = list(proxy.seen)
+    done = ae.job(ns, job.id)
+    assert outcomes[-1] == "succeeded" and done.batches >= 8, (outcomes, done)
+    assert len(outcomes) >= done.batches  # one released delivery per file (the slice is 0)
+    lists = [s for s in seen if s.method == "GET" and "list-type=2" in s.path]
+    puts = [s for s in seen if s.method == "PUT"]
+    assert len(lists) == 1, [s.path for s in lists]
+    assert len(puts) == done.batches + 1
