@@ -150,6 +150,11 @@ _PROPAGATING_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "tornado",
 # its traceback) reached stderr raw through ``logging.lastResort``. The one handler is attached
 # to them directly.
 _DETACHED_LOGGERS = ("multiprocessing",)
+# The AWS SDK's loggers dump whole requests at DEBUG (``botocore.endpoint``, ``botocore.auth``:
+# the ``Authorization`` header with the access key id and the signature, a session token in
+# ``x-amz-security-token``): never below WARNING, whatever the level (credentials are never
+# logged; docs/archive-jobs.md "Object storage").
+_CREDENTIAL_LOGGERS = ("botocore", "boto3", "s3transfer")
 
 
 def configure_logging(
@@ -178,6 +183,8 @@ def configure_logging(
         lib.propagate = False  # billiard's own setting; the handler above is the one line
         # its INFO lines are per-child chatter ("child process N calling self.run()")
         lib.setLevel(max(logging.WARNING, root.level))
+    for name in _CREDENTIAL_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
     for name in ("orbit", "orbit_tasks"):
         # One root handler serves every logger; no own handlers or levels below it.
         own = logging.getLogger(name)

@@ -99,16 +99,23 @@ class Fate(enum.Enum):
 
 def unconfirmed_file_fate(seq: int, job: Job | None) -> Fate:
     """SPEC §5 step 6 for a file at chain position ``seq`` that this claim created and could not
-    confirm, given the job row as it is now. While another claim is live (RUNNING) and has not
-    confirmed that position yet, the file is left alone: the owner may have found it under its
-    own name (identical bytes; ``link`` never replaces a name) and be about to confirm that
-    inode. Its own final step removes it if it stays unconfirmed."""
+    confirm, given the job row as it is now. While the job can still be claimed (RUNNING,
+    PENDING, or FAILED awaiting a retry) and that position is not confirmed yet, the file is
+    left alone: a claim -- live now, or taking the job the moment after this row was read --
+    may find it under its own name (identical bytes; ``link`` and a conditional PUT never
+    replace a name) and confirm that very file; a removal decided on this row would land after
+    that. The final step of the job removes it if it stays unconfirmed. Only a finished job
+    (SUCCEEDED, ABANDONED) can never confirm it."""
     if job is None:
         return Fate.REMOVE
     ahead = not job.has_manifest or seq > job.batches
     if ahead:
-        return Fate.LEAVE if job.state is JobState.RUNNING else Fate.REMOVE
+        return Fate.REMOVE if job.state in _CLOSED else Fate.LEAVE
     return Fate.REMOVE_IF_NOT_ON_CHAIN
+
+
+#: States no claim leaves: a file ahead of their confirmed chain can never be confirmed.
+_CLOSED = frozenset({JobState.SUCCEEDED, JobState.ABANDONED})
 
 
 def read_ahead_roots(batch_size: int, encoded_bytes: int, encoded_roots: int) -> int:

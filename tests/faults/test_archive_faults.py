@@ -30,6 +30,7 @@ from tests.support.archive_jobs import (
     REDIS_URL,
     ArchiveEnv,
     MiB,
+    adoption_race,
     archive_env,
     assert_succeeded_exactly,
     cli_json,
@@ -713,6 +714,24 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     assert (d / written.name).read_bytes() == written.data  # the confirmed manifest is there
     assert _run(ae, job, vol, sid) == "succeeded"
     assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
+
+
+def test_stale_writer_ahead_of_a_pending_job_does_not_remove_a_file_a_new_claim_adopted(
+    ae: ArchiveEnv,
+) -> None:
+    """The same race as above with the job PENDING when the stale writer reads the row: a claim
+    taking the job right after that read adopts the stale inode (``link`` refuses the name,
+    identical bytes); the inode-fenced removal then deletes the file that claim confirms
+    (``adoption_race`` in tests/support/archive_jobs.py)."""
+    from orbit_tasks.archive.engine.storage import FolderStorage
+
+    ns, _, vol, sid = _setup(ae, "adoptpending", roots=10)
+    job = create_job(ae, ns, "tasks")
+    outcome, removed = adoption_race(ae, job, FolderStorage(vol), vol)
+    done = ae.job(ns, job.id)
+    assert outcome == "succeeded" and done.state is JobState.SUCCEEDED, (outcome, done)
+    assert removed == 0
+    assert_succeeded_exactly(ae, done, vol)
 
 
 def test_finish_refuses_a_manifest_whose_range_no_longer_matches_the_database(

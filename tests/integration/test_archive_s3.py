@@ -26,6 +26,7 @@ from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.support.archive_jobs import (
     ArchiveEnv,
+    adoption_race,
     archive_env,
     assert_succeeded_exactly,
     cli_json,
@@ -456,3 +457,130 @@ def test_bad_input_is_one_line_and_writes_nothing(
         nested = run_orbit(moto.init_args(f"s3://{bucket}/p/inner"), other_env)
         assert_one_line_error(nested, 3, "storages cannot nest")
     assert moto.keys(bucket) == ["p/.orbit-volume.json"]
+
+
+def test_stale_writer_never_deletes_an_object_a_new_claim_adopted(
+    s3ae: ArchiveEnv, moto: MotoServer
+) -> None:
+    """SPEC §5 step 6 on S3, the put-back race (tests/support/archive_jobs.py
+    ``adoption_race``): the stale writer's object is ahead of a PENDING job; a new claim finds
+    it under its own name (412, identical bytes) and confirms it. A delete re-checked
+    afterwards (to put the bytes back) leaves the confirmed name missing while the stale
+    writer is paused (SIGSTOP) -- the next claim fails CHAIN_BROKEN -- or for good if it dies."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("adopt"))
+    sid, loc = _init(ae, moto, f"s3://{bucket}/a")
+    ns, queue = make_namespace(ae.engine, "s3-adopt")
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=4)
+    seed(ae.engine, ns, queue, "tasks", 10)
+    job = create_job(ae, ns, "tasks")
+    storage = S3Storage(loc, retry_seconds=5)
+    outcome, removed = adoption_race(ae, job, storage, loc)
+    done = ae.job(ns, job.id)
+    assert outcome == "succeeded" and done.state is JobState.SUCCEEDED, (outcome, done)
+    assert removed == 0
+    assert_succeeded_exactly(ae, done, storage)
+    _assert_prefix_is_exactly_the_chains(moto, loc, [done])
+
+
+def test_credentials_in_an_endpoint_or_url_are_refused_and_never_echoed(
+    s3ae: ArchiveEnv, moto: MotoServer
+) -> None:
+    """An endpoint with user info (``http://KEY:SECRET@host``) or a query, or an s3:// URL with
+    user info, is refused (exit 2, one line) without printing the secret, and nothing is
+    written: credentials come only from the AWS chain, never from the registry."""
+    ae = s3ae
+    env = dict(ae.env)
+    bucket = moto.bucket(bucket_name("creds"))
+    secret = "s3cr3tPassw0rd"
+    host = moto.endpoint.removeprefix("http://")
+    for endpoint in (
+        f"http://AKIAORBIT:{secret}@{host}",
+        f"http://{secret}@{host}",
+        f"http://{host}/?X-Amz-Signature={secret}",
+        f"http://{host}?token={secret}",
+        f"http://AKIAORBIT:{secret}@{host}/path",
+    ):
+        proc = run_orbit(moto.init_args(f"s3://{bucket}/p", endpoint), env)
+        line = assert_one_line_error(proc, 2, "endpoint")
+        assert secret not in line, line
+    proc = run_orbit(moto.init_args(f"s3://AKIAORBIT:{secret}@{bucket}/p"), env)
+    line = assert_one_line_error(proc, 2)
+    assert secret not in line, line
+    assert moto.keys(bucket) == []
+    with ae.engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM orbit_archive_storages")).scalar() == 0
+
+
+@pytest.mark.slow
+def test_a_job_prefix_over_a_thousand_keys_is_listed_whole(aws: MotoServer) -> None:
+    """ListObjectsV2 answers at most 1,000 keys a page: a takeover's or a final step's listing
+    follows the continuation tokens (every key of the job, none of the storage next door whose
+    prefix starts with this one's: ``a/b`` and ``a/bc``)."""
+    moto = aws
+    bucket = moto.bucket(bucket_name("pages"))
+    ns, job = b"\x02" * 16, b"\x03" * 16
+    jf = S3Storage(S3Location(bucket, "a/b", moto.endpoint, REGION, True), retry_seconds=5).job(
+        ns, job
+    )
+    client = moto.client()
+    names = [f"{seq:08d}-{sha256_hex(str(seq).encode())}.jsonl.gz" for seq in range(1, 1004)]
+    for n in names:
+        client.put_object(Bucket=bucket, Key=f"a/b/{ns.hex()}/{job.hex()}/{n}", Body=b"x")
+    client.put_object(Bucket=bucket, Key=f"a/bc/{ns.hex()}/{job.hex()}/{names[0]}", Body=b"y")
+    assert jf.names() == sorted(names)
+    assert jf.exists()
+    jf.remove(names[1000:])
+    assert jf.names() == sorted(names[:1000])
+    assert moto.keys(bucket, "a/bc/") == [f"a/bc/{ns.hex()}/{job.hex()}/{names[0]}"]
+
+
+def test_debug_logging_prints_no_credential(s3ae: ArchiveEnv, moto: MotoServer) -> None:
+    """``ORBIT_LOG_LEVEL=DEBUG`` must not turn botocore's request dumps on: they carry the
+    access key id (``Authorization``), the signature and a session token
+    (``x-amz-security-token``) of the AWS chain."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("debug"))
+    token = "orbitSessionToken" + bucket[-8:]
+    env = {**ae.env, "ORBIT_LOG_LEVEL": "DEBUG", "AWS_SESSION_TOKEN": token}
+    proc = run_orbit([*moto.init_args(f"s3://{bucket}/d"), "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "DEBUG" in out  # the level took effect
+    for secret in (token, moto.access_key, moto.secret_key, "Signature="):
+        assert secret not in out, secret
+
+
+def test_no_listing_per_batch(s3ae: ArchiveEnv, moto: MotoServer) -> None:
+    """A job of many files, claims from PENDING only (released at every slice): the prefix is
+    listed once, at the final step; per file one conditional PUT and one identity GET."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("lists"))
+    sid, _ = _init(ae, moto, f"s3://{bucket}/l")
+    ns, queue = make_namespace(ae.engine, "s3-lists")
+    make_plan(ae.engine, ns, "tasks", sid, batch_size=3)
+    seed(ae.engine, ns, queue, "tasks", 30)
+    job = create_job(ae, ns, "tasks")
+    with fault_proxy(moto.endpoint, lambda *a: PASS) as proxy:
+        place = S3Location(bucket, "l", proxy.url, REGION, True)
+        settings = ae.settings.with_overrides(archive_slice_seconds=0)
+        outcomes = []
+        while not outcomes or outcomes[-1] == "released":
+            outcomes.append(
+                runner.run_job(
+                    ns.hex(),
+                    job.id.hex(),
+                    {sid.hex(): place},
+                    settings,
+                    engine=ae.engine,
+                    publish=lambda *a, **k: None,
+                )  # fmt: skip
+            )
+        seen = list(proxy.seen)
+    done = ae.job(ns, job.id)
+    assert outcomes[-1] == "succeeded" and done.batches >= 8, (outcomes, done)
+    assert len(outcomes) >= done.batches  # one released delivery per file (the slice is 0)
+    lists = [s for s in seen if s.method == "GET" and "list-type=2" in s.path]
+    puts = [s for s in seen if s.method == "PUT"]
+    assert len(lists) == 1, [s.path for s in lists]
+    assert len(puts) == done.batches + 1

@@ -356,3 +356,98 @@ def assert_succeeded_exactly(ae: ArchiveEnv, job: Job, volume: Path | Storage) -
 
 def cli_json(proc: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(proc.stdout)
+
+
+class _Interleaved:
+    """A job directory whose stale-writer removal runs a test's steps around the real removal:
+    what other claims do while the stale writer is between two requests (paused, or slow)."""
+
+    def __init__(self, inner: Any, before: Callable[[], None], after: Callable[[], None]) -> None:
+        self.inner, self.before, self.after = inner, before, after
+        self.removed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def remove_if_unconfirmed(self, name: str, confirmed: Any, stored: Any) -> bool:
+        self.before()
+        removed = bool(self.inner.remove_if_unconfirmed(name, confirmed, stored))
+        self.removed += removed
+        self.after()
+        return removed
+
+
+def adoption_race(ae: ArchiveEnv, job: Job, storage: Storage, place: Any) -> tuple[str, int]:
+    """SPEC §5 step 6 against a claim taking the job right after the stale writer read the row.
+
+    A stale claim's lease ended; the owner took over (listing: nothing there yet) and released
+    the job to PENDING without confirming anything. The stale writer's late write of the
+    manifest lands, its confirm is rejected, and it reads the row (PENDING, the manifest ahead
+    of it). Then, before its removal: a new claim from PENDING finds the manifest under its own
+    name (identical bytes: not created) -- and after the removal, while the stale writer is
+    paused before anything else, that claim confirms it and the job runs on to its end.
+    Returns the last delivery's outcome and how many removals the stale writer made."""
+    from datetime import timedelta
+
+    from orbit_tasks.archive.engine import leftovers, runner
+    from orbit_tasks.archive.format.names import manifest_name
+    from orbit_tasks.archive.format.values import sha256_hex
+    from orbit_tasks.db.engine import FixedClock
+    from orbit_tasks.errors import LeaseLost
+
+    ns = job.namespace_id
+    with ae.engine.connect() as conn:
+        past = db_now(conn) - timedelta(hours=1)
+    stale = job_store.claim(ae.engine, ns, job.id, lease_seconds=60, clock=FixedClock(past))
+    assert stale is not None
+    owner = job_store.claim(ae.engine, ns, job.id, lease_seconds=60)  # takeover
+    assert owner is not None and owner.takeover
+    job_store.release(ae.engine, owner)  # PENDING, nothing confirmed
+    with ae.engine.connect() as conn:
+        with conn.begin():
+            rng = job_store.job_range(conn, stale.job)
+        data, _ = runner.manifest_file(conn, stale.job, rng)
+    name, sha = manifest_name(sha256_hex(data)), sha256_hex(data)
+    jf = storage.job(ns, job.id)
+    mine = jf.store(name, data)  # the stale writer's late write
+    assert mine.created
+    try:
+        job_store.confirm(
+            ae.engine, stale, is_batch=False, roots=0, size=len(data), sha256=sha,
+            after="keep", lease_seconds=60,
+        )  # fmt: skip
+        raise AssertionError("the stale confirm was accepted")
+    except LeaseLost:
+        pass
+    nxt: list[job_store.Claim] = []
+    outcome: list[str] = []
+
+    def adopt() -> None:
+        if nxt:
+            return
+        c = job_store.claim(ae.engine, ns, job.id, lease_seconds=60)
+        assert c is not None and not c.takeover
+        assert not jf.store(name, data).created  # found under its name, identical bytes
+        nxt.append(c)
+
+    def confirm_and_run() -> None:
+        if outcome:
+            return
+        job_store.confirm(
+            ae.engine, nxt[0], is_batch=False, roots=0, size=len(data), sha256=sha,
+            after="release", lease_seconds=60,
+        )  # fmt: skip
+        out = None
+        while out in (None, "released"):
+            out = runner.run_job(
+                ns.hex(), job.id.hex(), {job.storage_id.hex(): place}, ae.settings,
+                engine=ae.engine, publish=lambda *a, **k: None,
+            )  # fmt: skip
+        outcome.append(str(out))
+
+    paused = _Interleaved(jf, adopt, confirm_and_run)
+    with ae.engine.connect() as conn:
+        leftovers.remove_unless_confirmed(conn, stale, paused, name, mine)
+    adopt()  # the stale writer left it alone: the same claims, after it
+    confirm_and_run()
+    return outcome[0], paused.removed

@@ -76,11 +76,13 @@ def _job(state: JobState, batches: int, last: str = SHA) -> Job:
 
 def test_unconfirmed_file_fate() -> None:
     assert rules.unconfirmed_file_fate(3, None) is Fate.REMOVE
-    # ahead of a live owner: it may be about to confirm that very file
-    assert rules.unconfirmed_file_fate(3, _job(JobState.RUNNING, 2)) is Fate.LEAVE
-    assert rules.unconfirmed_file_fate(0, _job(JobState.RUNNING, 0, last="")) is Fate.LEAVE
-    # ahead of a job nobody runs: cannot become confirmed by us
-    for state in (JobState.PENDING, JobState.SUCCEEDED, JobState.FAILED, JobState.ABANDONED):
+    # ahead of a job a claim may still run (a live owner, or the next claim of a PENDING or
+    # retried job, right after this row was read): it may confirm that very file
+    for state in (JobState.RUNNING, JobState.PENDING, JobState.FAILED):
+        assert rules.unconfirmed_file_fate(3, _job(state, 2)) is Fate.LEAVE
+        assert rules.unconfirmed_file_fate(0, _job(state, 0, last="")) is Fate.LEAVE
+    # ahead of a finished job: nobody can confirm it
+    for state in (JobState.SUCCEEDED, JobState.ABANDONED):
         assert rules.unconfirmed_file_fate(3, _job(state, 2)) is Fate.REMOVE
         assert rules.unconfirmed_file_fate(0, _job(state, 0, last="")) is Fate.REMOVE
     # at a confirmed position: only if it is not the chain's file

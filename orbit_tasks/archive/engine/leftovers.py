@@ -55,9 +55,11 @@ def remove_unless_confirmed(
 
     Only a file this claim created is removed, and on a folder only its own inode (the new
     owner may have re-written the same name meanwhile); what to do is
-    :func:`claims.unconfirmed_file_fate` of the job row as it is now. An object store has no
-    inode to fence the delete on: after it the row is read again, and if the name got
-    confirmed meanwhile its bytes (the same, whoever wrote them) are put back. Never raises:
+    :func:`claims.unconfirmed_file_fate` of the job row as it is now: only a name no claim can
+    confirm any more is removed (a claim taking the job right after this read may find the
+    file under its own name and confirm it). An object store has no inode to fence the delete
+    on: after it the row is read again, and if the name got confirmed meanwhile its bytes (the
+    same, whoever wrote them) are put back (a guard). Never raises:
     the owner's final step removes what stays."""
     if not stored.created:
         return  # the name existed already with identical bytes: not ours to remove

@@ -11,9 +11,11 @@ file) and ``PREFIX/<ns_hex>/<job_hex>/<name>`` the job files, named as on a volu
   ``storage init`` runs on one prefix exactly one identity wins.
 * Listing (``ListObjectsV2``, paginated) is done only where a folder is listed: a takeover and
   the final step (and ``orbit job verify|export|restore``); never per batch.
-* A stale writer's removal (step 6) deletes the key, then the caller re-checks the job row and
-  puts the same bytes back if that name got confirmed meanwhile (there is no inode to fence a
-  delete on; the bytes of a content-addressed name are the same whoever wrote them).
+* A stale writer's removal (step 6) deletes the key only when no claim can confirm that name
+  any more (``claims.unconfirmed_file_fate``: there is no inode to fence a delete on, and a
+  claim may have found the object under its own name); then the caller re-checks the job row
+  and puts the same bytes back if that name got confirmed meanwhile (a guard: the bytes of a
+  content-addressed name are the same whoever wrote them).
 * Faults: throttling (``SlowDown``, 429), 5xx, timeouts and connection resets are retried with
   capped exponential backoff and full jitter for at most ``retry_seconds`` per request (the
   runner passes a third of the lease); then :class:`StorageUnavailable` (the runner stops and
@@ -71,6 +73,9 @@ STORAGE_CLASSES = (
 SSE_MODES = ("", "AES256", "aws:kms")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_CHAR = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
+#: http(s)://HOST[:PORT][/]: a DNS name, an IPv4 or a bracketed IPv6 address; no user info, path,
+#: query or fragment (a credential in the URL would be stored in the registry and printed)
+_ENDPOINT = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?$")
 
 #: S3 error codes of a refused identity or permission (job code ACCESS_DENIED).
 DENIED_CODES = frozenset(
@@ -166,6 +171,11 @@ def parse_s3_url(text: str) -> tuple[str, str]:
         raise InvalidInput(f"{text!r} is not an s3:// URL (s3://BUCKET/PREFIX)")
     rest = text[len(SCHEME) :]
     bucket, _, prefix = rest.partition("/")
+    if "@" in bucket:
+        raise InvalidInput(
+            f"{redact_url(text)!r} carries user info (s3://BUCKET/PREFIX; credentials come only "
+            "from the AWS chain)"
+        )
     if not bucket:
         raise InvalidInput(f"{text!r} names no bucket (s3://BUCKET/PREFIX)")
     if not _BUCKET.match(bucket) or ".." in bucket:
@@ -209,10 +219,33 @@ def check_options(loc: S3Location) -> None:
         raise InvalidInput(f"SSE mode {loc.sse!r} is not allowed (allowed: AES256, aws:kms)")
     if loc.kms_key_id and loc.sse != "aws:kms":
         raise InvalidInput("a KMS key id needs SSE mode aws:kms")
-    if loc.endpoint and not re.match(r"^https?://[^/\s]+/?$", loc.endpoint):
+    if loc.endpoint and not _ENDPOINT.match(loc.endpoint):
+        if "@" in loc.endpoint.split("?", 1)[0].split("#", 1)[0]:
+            raise InvalidInput(
+                f"endpoint {redact_url(loc.endpoint)!r} carries user info (credentials come "
+                "only from the AWS chain, never from the endpoint)"
+            )
         raise InvalidInput(
-            f"endpoint {loc.endpoint!r} is not an http(s)://HOST[:PORT] URL without a path"
+            f"endpoint {redact_url(loc.endpoint)!r} is not an http(s)://HOST[:PORT] URL "
+            "without a path or query"
         )
+
+
+def redact_url(text: str) -> str:
+    """``text`` for a message: user info (``user:secret@``) and any query or fragment masked."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    for mark in ("?", "#"):
+        if mark in authority:
+            authority = authority.split(mark, 1)[0] + mark + "***"
+            slash, tail = "", ""
+        if mark in tail:
+            tail = tail.split(mark, 1)[0] + mark + "***"
+    return f"{scheme}{sep}{authority}{slash}{tail}"
 
 
 # --------------------------------------------------------------------------- faults (pure)
