@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orbit_tasks import archive_limits, sender_limits, units
+from orbit_tasks import archive_limits, sender_limits
 from orbit_tasks.errors import InvalidInput
 
 LOG_FORMATS = ("text", "json")  # ORBIT_LOG_FORMAT; orbit_tasks.logs writes them
@@ -217,13 +217,12 @@ def _retention(env: Mapping[str, str], name: str) -> int | None:
     raw = (env.get(name) or "").strip()
     if raw == "" or raw.lower() == "off":
         return None
-    try:
-        seconds = units.parse_duration(raw, name)
-    except InvalidInput:
+    seconds = sender_limits.parse_retention(raw)
+    if seconds is None:
         raise InvalidInput(
             f"{name}={raw!r} is not a duration (an integer with s, m, h or d, e.g. 7d; "
             f"allowed {allowed}, or off)"
-        ) from None
+        )
     if not sender_limits.MIN_RETENTION_SECONDS <= seconds <= sender_limits.MAX_RETENTION_SECONDS:
         raise InvalidInput(f"{name}={raw} is out of range (allowed {allowed}, or off)")
     return seconds

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from orbit_tasks.cli.common import DURATION, emit, emit_list, json_option
+from orbit_tasks.cli.common import emit, emit_list, json_option
 from orbit_tasks.cli.db import sender_db_group
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import InvalidInput
@@ -298,7 +298,6 @@ def sender_resolve(
 @click.option(
     "--older-than",
     "older_than",
-    type=DURATION,
     required=True,
     help="Prune ACCEPTED rows (and resolved REVIEW rows) last changed before this "
     "long ago, e.g. 7d (s, m, h, d; 1s..3650d).",
@@ -306,16 +305,16 @@ def sender_resolve(
 @click.option("--namespace", "namespace", default=None, help="Only this namespace (name or id).")
 @click.option("--dry-run", is_flag=True, help="Count what would be pruned, change nothing.")
 @json_option
-def sender_prune(older_than: int, namespace: str | None, dry_run: bool, as_json: bool) -> None:
+def sender_prune(older_than: str, namespace: str | None, dry_run: bool, as_json: bool) -> None:
     """Remove old ACCEPTED outbox rows (and resolved REVIEW rows) in short keyset-page
     transactions, keeping a compact record of each (sender_pruned), so that enqueue() of a
     pruned operation answers as before. PENDING and SENDING rows, and sender_jobs, stay."""
-    refusal = policy.retention_refusal(older_than, "--older-than")
+    seconds, refusal = policy.parse_retention(older_than, "--older-than")
     if refusal:
         raise InvalidInput(refusal)
     scope = None if namespace is None else _namespace(namespace)
     report = sender_retention.prune(
-        business_engine(), older_than_seconds=older_than, namespace_id=scope, dry_run=dry_run
+        business_engine(), older_than_seconds=seconds, namespace_id=scope, dry_run=dry_run
     )
     data = report.as_fields()
     verb = "would prune" if dry_run else "pruned"

@@ -196,13 +196,21 @@ def _entry(row: Any, created: bool) -> OutboxEntry:
 
 
 def _existing(
-    conn: Connection, ns: str, queue: str, op: str, digest: bytes, source_ref: str
+    conn: Connection,
+    ns: str,
+    queue: str,
+    op: str,
+    digest: bytes,
+    source_ref: str,
+    latest: bool = False,
 ) -> OutboxEntry | None:
-    row = store.get_row(conn, ns, op)
+    """What is there for (ns, op), compared with this request. ``latest``: locking reads (after
+    a duplicate key, the row another transaction committed after this one's snapshot)."""
+    row = store.get_row(conn, ns, op, latest)
     if row is None:
         # Read after the outbox row: a prune commits the compact record and the deletion
         # together, so one of the two reads sees the operation (docs/sender.md "Retention").
-        return _existing_pruned(conn, ns, queue, op, digest, source_ref)
+        return _existing_pruned(conn, ns, queue, op, digest, source_ref, latest)
     if bytes(row.request_digest) != digest:
         raise OutboxConflict(
             f"operation {op} in namespace {ns} is already enqueued with another request "
@@ -213,7 +221,7 @@ def _existing(
             f"operation {op} in namespace {ns} is already enqueued for queue {row.queue_id}, "
             f"not {queue}"
         )
-    job = store.get_job(conn, ns, op)
+    job = store.get_job(conn, ns, op, latest)
     if job is not None and job.source_ref != source_ref:
         raise OutboxConflict(
             f"operation {op} in namespace {ns} is already enqueued with another source_ref "
@@ -230,12 +238,18 @@ def _no_pruned_table(exc: Exception) -> bool:
 
 
 def _existing_pruned(
-    conn: Connection, ns: str, queue: str, op: str, digest: bytes, source_ref: str
+    conn: Connection,
+    ns: str,
+    queue: str,
+    op: str,
+    digest: bytes,
+    source_ref: str,
+    latest: bool = False,
 ) -> OutboxEntry | None:
     """A pruned operation answers exactly as its outbox row did: the same request (and queue,
     source_ref) is the existing entry, nothing is sent again; another is a conflict."""
     try:
-        pruned = store.get_pruned(conn, ns, op)
+        pruned = store.get_pruned(conn, ns, op, latest)
     except (OperationalError, ProgrammingError) as exc:
         if not _no_pruned_table(exc):
             raise
@@ -253,7 +267,7 @@ def _existing_pruned(
             f"operation {op} in namespace {ns} was already enqueued for queue "
             f"{pruned.queue_id}, not {queue}"
         )
-    job = store.get_job(conn, ns, op)
+    job = store.get_job(conn, ns, op, latest)
     ref_differs = (
         job.source_ref != source_ref
         if job is not None
@@ -314,8 +328,9 @@ def enqueue(
             )
     except IntegrityError:
         # A concurrent enqueue of the same operation committed first (or a sender_jobs row
-        # without its outbox row exists): compare with what is there.
-        found = _existing(c, ns, queue, op, digest, ref)
+        # without its outbox row exists): compare with what is there now, not with the
+        # caller's snapshot (REPEATABLE READ would still show no row).
+        found = _existing(c, ns, queue, op, digest, ref, latest=True)
         if found is not None:
             return found
         raise OutboxConflict(

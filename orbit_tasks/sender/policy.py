@@ -152,11 +152,25 @@ MAX_REASON_CHARS = 500
 MAX_ACTOR_CHARS = 128
 
 
-def retention_refusal(seconds: int, what: str) -> str:
-    """Why ``seconds`` is not a retention ("" when it is)."""
+def retention_refusal(seconds: int, what: str, shown: str | None = None) -> str:
+    """Why ``seconds`` (written ``shown``) is not a retention ("" when it is)."""
     if not sender_limits.MIN_RETENTION_SECONDS <= seconds <= sender_limits.MAX_RETENTION_SECONDS:
-        return f"{what} {seconds}s is out of range (allowed {sender_limits.RETENTION_RANGE})"
+        value = f"{seconds}s" if shown is None else shown
+        return f"{what} {value} is out of range (allowed {sender_limits.RETENTION_RANGE})"
     return ""
+
+
+def parse_retention(text: str, what: str) -> tuple[int, str]:
+    """``(seconds, why)`` of a retention given as text (``7d``: digits and a unit, always);
+    ``why`` names the value and the allowed range when it is refused ("" when it is not)."""
+    seconds = sender_limits.parse_retention(text)
+    shown = text if len(text) <= 40 else f"{text[:16]}...({len(text)} characters)"
+    if seconds is None:
+        return 0, (
+            f"{what} {shown!r} is not a duration; use an integer with s, m, h or d, e.g. 7d "
+            f"(allowed {sender_limits.RETENTION_RANGE})"
+        )
+    return seconds, retention_refusal(seconds, what, shown.strip())
 
 
 def resolution_current(

@@ -72,16 +72,21 @@ class Claimed:
 # --- enqueue -----------------------------------------------------------------------------------
 
 
-def get_row(conn: Connection, namespace_id: str, operation_id: str) -> Any:
-    return conn.execute(
-        select(o).where(o.c.namespace_id == namespace_id, o.c.operation_id == operation_id)
-    ).first()
+def _latest(stmt: Any, latest: bool) -> Any:
+    """``latest``: a locking read (``LOCK IN SHARE MODE`` on MySQL/MariaDB), which reads the
+    newest committed row whatever the caller's isolation level; a plain read under REPEATABLE
+    READ keeps the snapshot of the transaction's first read (SQLite: a plain read)."""
+    return stmt.with_for_update(read=True) if latest else stmt
 
 
-def get_job(conn: Connection, namespace_id: str, operation_id: str) -> Any:
-    return conn.execute(
-        select(j).where(j.c.namespace_id == namespace_id, j.c.operation_id == operation_id)
-    ).first()
+def get_row(conn: Connection, namespace_id: str, operation_id: str, latest: bool = False) -> Any:
+    stmt = select(o).where(o.c.namespace_id == namespace_id, o.c.operation_id == operation_id)
+    return conn.execute(_latest(stmt, latest)).first()
+
+
+def get_job(conn: Connection, namespace_id: str, operation_id: str, latest: bool = False) -> Any:
+    stmt = select(j).where(j.c.namespace_id == namespace_id, j.c.operation_id == operation_id)
+    return conn.execute(_latest(stmt, latest)).first()
 
 
 def insert_entry(
@@ -538,11 +543,10 @@ def _after(after: tuple[str, str] | None, namespace_id: str | None) -> list[Any]
 # --- retention (docs/sender.md "Retention") ------------------------------------------------------
 
 
-def get_pruned(conn: Connection, namespace_id: str, operation_id: str) -> Any:
-    """The compact record of a pruned operation, or None."""
-    return conn.execute(
-        select(p).where(p.c.namespace_id == namespace_id, p.c.operation_id == operation_id)
-    ).first()
+def get_pruned(conn: Connection, namespace_id: str, operation_id: str, latest: bool = False) -> Any:
+    """The compact record of a pruned operation, or None (``latest``: see :func:`get_row`)."""
+    stmt = select(p).where(p.c.namespace_id == namespace_id, p.c.operation_id == operation_id)
+    return conn.execute(_latest(stmt, latest)).first()
 
 
 def prune_scan_query(namespace_id: str | None, after: tuple[str, str] | None, limit: int) -> Any:

@@ -208,6 +208,14 @@ class Publisher:
             with contextlib.suppress(Exception):  # already broken; nothing to keep
                 conn.release()
 
+    def after_fork_in_child(self) -> None:
+        """A forked child starts with a lock of its own and no connection: the parent's lock
+        may have been held by a thread the child does not have (a publish in progress), and
+        the parent's socket is not the child's to use or close."""
+        self._lock = threading.Lock()
+        self._conn = self._producer = None
+        self._pid = 0
+
     def reset(self) -> None:
         """Forget the connection and the quiet period (tests switch brokers)."""
         with self._lock:
@@ -216,3 +224,13 @@ class Publisher:
 
 
 PUBLISHER = Publisher()
+
+
+def _after_fork_in_child() -> None:
+    global _install_lock
+    _install_lock = threading.Lock()
+    PUBLISHER.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

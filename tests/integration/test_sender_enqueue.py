@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.sender import InvalidRequest, OutboxConflict, enqueue
 from orbit_tasks.sender import store as sender_store
 from tests.support.sender import new_op, rows
@@ -203,6 +203,59 @@ def test_concurrent_enqueue_of_one_operation_yields_one_row(business_engine: Eng
     assert not isinstance(entry, Exception), entry
     assert entry.created is False  # type: ignore[attr-defined]
     assert _count(business_engine) == (1, 1)
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "READ COMMITTED"])
+def test_concurrent_enqueue_in_the_applications_isolation_level(
+    business_engine: Engine, isolation: str
+) -> None:
+    """The application's engine is its own: MariaDB's default REPEATABLE READ keeps the snapshot
+    of the first read, so the re-read after the duplicate key must not be a snapshot read (it
+    saw no row and raised OutboxConflict for the same request)."""
+    app = make_engine(
+        business_engine.url.render_as_string(hide_password=False), isolation_level=isolation
+    )
+    op = new_op()
+    args = dict(namespace_id=NS, queue_id=Q, operation_id=op, request='{"x": 1}', source_ref="r")
+    results: list[object] = []
+    started = threading.Event()
+    try:
+        with app.connect() as first:
+            trans = first.begin()
+            enqueue(first, **args)  # type: ignore[arg-type]
+
+            def second() -> None:
+                try:
+                    with app.begin() as conn:
+                        # the application read something first: its snapshot starts here
+                        conn.execute(text("SELECT COUNT(*) FROM sender_jobs")).scalar_one()
+                        started.set()
+                        results.append(enqueue(conn, **args))  # type: ignore[arg-type]
+                except Exception as exc:  # noqa: BLE001
+                    results.append(exc)
+
+            thread = threading.Thread(target=second)
+            thread.start()
+            assert started.wait(10)
+            thread.join(1.0)  # blocked on the primary key held by the first transaction
+            trans.commit()
+        thread.join(30)
+        (entry,) = results
+        assert not isinstance(entry, Exception), entry
+        assert entry.created is False  # type: ignore[attr-defined]
+        assert _count(business_engine) == (1, 1)
+        # the same in a snapshot taken before the other transaction committed its row
+        with app.begin() as conn:
+            conn.execute(text("SELECT COUNT(*) FROM sender_jobs")).scalar_one()
+            other = new_op()
+            with business_engine.begin() as meanwhile:
+                enqueue(meanwhile, **{**args, "operation_id": other})  # type: ignore[arg-type]
+            again = enqueue(conn, **{**args, "operation_id": other})  # type: ignore[arg-type]
+            assert again.created is False
+            with pytest.raises(OutboxConflict):
+                enqueue(conn, **{**args, "operation_id": other, "request": '{"x": 2}'})  # type: ignore[arg-type]
+    finally:
+        app.dispose()
 
 
 def test_due_scan_uses_ix_sender_due(business_engine: Engine) -> None:

@@ -501,6 +501,10 @@ def test_page_scan_and_delete_are_primary_key_ranges_on_mariadb() -> None:
         (["--older-than", "0s"], "--older-than 0s is out of range (allowed 1s..3650d)"),
         (["--older-than", "3651d"], "is out of range (allowed 1s..3650d)"),
         ([], "missing option '--older-than'"),
+        # a bare number was taken as seconds: "7" meant as days pruned every row older than 7 s
+        (["--older-than", "7"], "--older-than '7' is not a duration"),
+        (["--older-than", "\uff17d"], "is not a duration"),  # fullwidth digits were accepted
+        (["--older-than", "9" * 5000 + "d"], "is out of range (allowed 1s..3650d)"),  # ValueError
     ],
 )
 def test_bad_durations_are_one_line_exit_2_and_change_nothing(

@@ -5,9 +5,13 @@ databases. No beat runs and the tick is 30 s: a row sent within seconds was sent
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -260,3 +264,58 @@ def test_broker_down_the_enqueue_succeeds_and_the_tick_sends_the_row(
             finally:
                 app.close()
         check_invariants(engine, world.platform, require_accepted=True)
+
+
+def test_a_fork_while_another_thread_publishes_does_not_hang_the_childs_commits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An application that forks (a pre-forking server) while one of its threads is inside a
+    publish (here: to a broker that takes the connection and never answers): the child inherits
+    the publisher's lock held by a thread it does not have, and its first committing enqueue
+    waited for that lock for ever, inside COMMIT."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel accepts connections; nobody ever answers them
+    black_hole = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+    url = f"sqlite:///{tmp_path / 'business.sqlite3'}"
+    monkeypatch.setenv("ORBIT_SENDER_WAKE_TIMEOUT_SECONDS", "2")
+    with migrated_engine(url, "business"), wake_on_commit(monkeypatch, black_hole):
+        engine = make_engine(url)
+        # kombu is imported at the first publish; a fork in the middle of an import is Python's
+        # own hazard (the module's import lock), so here it is loaded before.
+        importlib.import_module("kombu.transport.redis")
+        publishing = threading.Thread(target=PUBLISHER.publish, args=(get_settings(),))
+        publishing.start()
+        deadline = time.monotonic() + 5
+        while not PUBLISHER._lock.locked():  # the thread is inside its bounded publish
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        pid = os.fork()
+        if pid == 0:  # the child: one enqueue in one transaction, then leave
+            code = 1
+            try:
+                engine.dispose(close=False)
+                with engine.begin() as conn:
+                    enqueue_one(conn, "ab" * 16, "cd" * 16)
+                code = 0
+            finally:
+                os._exit(code)
+        try:
+            end = time.monotonic() + 15
+            status = None
+            while time.monotonic() < end:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the child's commit hung on the publisher's lock")
+            assert os.waitstatus_to_exitcode(status) == 0
+        finally:
+            with contextlib.suppress(ChildProcessError, ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            publishing.join(10)
+            silent.close()
+            engine.dispose()
+        assert len(rows(engine)) == 1

@@ -9,6 +9,7 @@ import pytest
 
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.sender import policy
+from orbit_tasks.sender_limits import MAX_RETENTION_SECONDS
 from orbit_tasks.settings import load_settings
 
 T = dt.datetime(2026, 12, 1, 12, 0, 0, 500000)
@@ -62,7 +63,7 @@ def test_reasons(reason: str, refused: str) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [(None, None), ("", None), ("off", None), ("OFF", None), ("7d", 604800), ("1", 1),
+    [(None, None), ("", None), ("off", None), ("OFF", None), ("7d", 604800), ("1s", 1),
      ("36h", 129600), ("3650d", 3650 * 86400)],
 )  # fmt: skip
 def test_retention_setting(raw: str | None, seconds: int | None) -> None:
@@ -73,7 +74,11 @@ def test_retention_setting(raw: str | None, seconds: int | None) -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ("0", "ORBIT_SENDER_RETENTION=0 is out of range (allowed 1s..3650d, or off)"),
+        ("0s", "ORBIT_SENDER_RETENTION=0s is out of range (allowed 1s..3650d, or off)"),
+        # a bare number is no retention: "7" meant as days would prune rows older than 7 s
+        ("7", "ORBIT_SENDER_RETENTION='7' is not a duration"),
+        ("\uff17d", "is not a duration"),  # a fullwidth 7: ASCII digits only
+        ("9" * 5000 + "d", "is out of range"),  # no int() of 5000 digits (ValueError)
         ("3651d", "ORBIT_SENDER_RETENTION=3651d is out of range (allowed 1s..3650d, or off)"),
         ("7 days", "ORBIT_SENDER_RETENTION='7 days' is not a duration"),
         ("-1d", "is not a duration"),
@@ -100,3 +105,29 @@ def test_who_resolves_operator_then_actor_then_the_os_user() -> None:
     assert load_settings({"ORBIT_ACTOR": "ac", "USER": "u"}).operator == "ac"
     assert load_settings({"USER": "u"}).operator == "u"
     assert load_settings({}).operator  # the password database's name for this uid
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds", "why"),
+    [
+        ("7d", 604800, ""),
+        (" 36h ", 129600, ""),
+        ("1s", 1, ""),
+        ("3650d", 3650 * 86400, ""),
+        ("7", 0, "--older-than '7' is not a duration; use an integer with s, m, h or d, e.g. 7d "
+         "(allowed 1s..3650d)"),
+        ("\u0667d", 0, "is not a duration"),  # an Arabic-Indic 7
+        ("7w", 0, "is not a duration"),
+        ("-1d", 0, "is not a duration"),
+        ("0s", 0, "--older-than 0s is out of range (allowed 1s..3650d)"),
+        ("3651d", 3651 * 86400, "--older-than 3651d is out of range (allowed 1s..3650d)"),
+        ("9" * 5000 + "d", MAX_RETENTION_SECONDS + 1,
+         "--older-than 9999999999999999...(5001 characters) is out of range"),
+    ],
+)  # fmt: skip
+def test_parse_retention(text: str, seconds: int, why: str) -> None:
+    got_seconds, got_why = policy.parse_retention(text, "--older-than")
+    assert (got_why == "") if not why else (why in got_why), got_why
+    if not why or "out of range" in why:
+        assert got_seconds == seconds
+    assert len(got_why) < 120 and "\n" not in got_why
