@@ -101,12 +101,19 @@ def requeue_code(
     engine: Engine, code: str, namespace_id: str | None, *, dry_run: bool
 ) -> list[dict[str, Any]]:
     """Every REVIEW row with ``code`` (in ``namespace_id``): requeued (the single-row rule and
-    statement, row by row), or refused with the reason (deadline passed, 100 sends, changed
-    meanwhile); with ``dry_run`` what would happen."""
+    statement, row by row), or refused with the reason (resolved, deadline passed, 100 sends,
+    changed meanwhile); with ``dry_run`` what would happen. A resolved row is one an operator
+    marked as handled (e.g. re-created by hand): sending it in bulk could do its work twice, so
+    only naming it (:func:`requeue_one`) sends it."""
     items = []
     for conn, now, page in _pages(engine, code, namespace_id, unresolved=False):
         for row in page:
             why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
+            if not why and row.resolved_by is not None:
+                why = (
+                    f"resolved by {row.resolved_by}: handled by hand; "
+                    f"`orbit sender requeue {row.namespace_id} {row.operation_id}` sends it"
+                )
             if why:
                 items.append(_item(row, "refused", why))
             elif dry_run:

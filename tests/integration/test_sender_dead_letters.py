@@ -257,3 +257,51 @@ def test_bulk_requeue_and_resolve_through_the_cli_and_the_metric_falls(
         assert value(exporter.scrape(), "orbit_outbox_review_rows", last_code=CODE) == 0
     out = workers.output()
     assert "sender.row.accepted" in out
+
+
+def test_a_bulk_requeue_leaves_resolved_rows_alone_and_a_named_requeue_sends_one(
+    business_db: tuple[str, Engine],  # noqa: F811 - the fixture imported above
+) -> None:
+    """A row an operator marked as handled ("re-created by hand under new ids") is not sent
+    again by ``requeue --code``: it is listed as refused, naming who resolved it, and stays
+    REVIEW and resolved; an unresolved row of the code is requeued. Naming the resolved row
+    (``requeue NS OP``) is the deliberate way to send it, and ends its resolution."""
+    from orbit_tasks.sender import review
+
+    _url, engine = business_db
+    ns = secrets.token_hex(16)
+    handled, open_row = secrets.token_hex(16), secrets.token_hex(16)
+    with engine.begin() as conn:
+        for i, op in enumerate((handled, open_row)):
+            enqueue(
+                conn, namespace_id=ns, queue_id=secrets.token_hex(16), operation_id=op,
+                request=body_for(i), source_ref=f"orders/{op[:8]}",
+            )  # fmt: skip
+        conn.execute(
+            update(sender_outbox)
+            .where(o.namespace_id == ns)
+            .values(state="REVIEW", wake_at=None, last_code=CODE, send_count=1, lease_epoch=1)
+        )
+    review.resolve_one(engine, ns, handled, reason="re-created by hand", actor="alice")
+
+    dry = review.requeue_code(engine, CODE, ns, dry_run=True)
+    assert {i["operation_id"]: i["action"] for i in dry} == {
+        handled: "refused",
+        open_row: "would_requeue",
+    }
+    items = review.requeue_code(engine, CODE, ns, dry_run=False)
+    actions = {i["operation_id"]: (i["action"], i["why"]) for i in items}
+    assert actions[open_row] == ("requeued", None)
+    assert actions[handled][0] == "refused" and "resolved by alice" in actions[handled][1]
+    rows = _rows(engine, ns)
+    assert (rows[handled].state, rows[open_row].state) == ("REVIEW", "PENDING")
+    with engine.connect() as conn:
+        still = conn.execute(
+            select(sender_resolutions.c.resolved_by).where(
+                sender_resolutions.c.operation_id == handled
+            )
+        ).all()
+    assert [r.resolved_by for r in still] == ["alice"]
+
+    review.requeue_one(engine, ns, handled)  # named: the operator means it
+    assert _rows(engine, ns)[handled].state == "PENDING"
