@@ -10,13 +10,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import sys
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
-from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 from orbit_tasks import json_document
 from orbit_tasks.db.engine import db_now
@@ -173,10 +176,14 @@ def check_source_ref(source_ref: object) -> str:
 
 
 def _connection(conn: Connection | Session) -> Connection:
-    if isinstance(conn, Session):
-        return conn.connection()
     if isinstance(conn, Connection):
         return conn
+    # A Session exists only once its caller imported the ORM; the CLI and the workers never do
+    # (importing it cost every `orbit sender` command 0.17 s, measured with -X importtime).
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and isinstance(conn, orm.Session):
+        session: Session = conn
+        return session.connection()
     raise InvalidRequest(
         f"conn has type {type(conn).__name__}; pass a SQLAlchemy Connection or Session"
     )
