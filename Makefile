@@ -12,6 +12,7 @@ services:
 
 ## The test command (CI runs exactly this): real MariaDB, Redis, celery workers, files, HTTP.
 test: install services
+	@$(PY) -m compileall -q orbit_tasks >/dev/null  # every `orbit` and worker process the tests start reads these, even under PYTHONDONTWRITEBYTECODE
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## Unit tests only (pure logic, no servers).
