@@ -23,7 +23,6 @@ default is ``min(10 s, room / 4)``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 MIN_LEASE_SECONDS = 5
@@ -32,10 +31,6 @@ MIN_LEASE_SECONDS = 5
 MIN_RETENTION_SECONDS = 1
 MAX_RETENTION_SECONDS = 3650 * 86400
 RETENTION_RANGE = "1s..3650d"
-# A retention is ASCII digits and a unit, always (a bare ``7`` meant as days would prune every
-# row older than 7 seconds); more digits than any allowed value are out of range, not parsed.
-_RETENTION = re.compile(r"([0-9]+)\s*([smhd])")
-_RETENTION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_LEASE_SECONDS = 3600
 MIN_HTTP_SECONDS = 0.1
 MAX_DEFAULT_HTTP_SECONDS = 10.0
@@ -96,15 +91,3 @@ def pass_limits(lease_seconds: int, http_seconds: float | None = None) -> PassLi
         soft_limit_seconds=soft,
         hard_limit_seconds=soft + m,
     )
-
-
-def parse_retention(text: str) -> int | None:
-    """Seconds of a retention written ``<digits><s|m|h|d>`` (``7d``, ``36h``), None when ``text``
-    is not of that form. Not range-checked (``MIN_RETENTION_SECONDS``..``MAX_RETENTION_SECONDS``):
-    a value with more digits than the maximum comes out as ``MAX_RETENTION_SECONDS + 1``."""
-    m = _RETENTION.fullmatch(text.strip())
-    if m is None:
-        return None
-    if len(m.group(1).lstrip("0")) > 12:
-        return MAX_RETENTION_SECONDS + 1
-    return int(m.group(1)) * _RETENTION_UNITS[m.group(2)]

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orbit_tasks import archive_limits, sender_limits
+from orbit_tasks import archive_limits, sender_limits, units
 from orbit_tasks.errors import InvalidInput
 
 LOG_FORMATS = ("text", "json")  # ORBIT_LOG_FORMAT; orbit_tasks.logs writes them
@@ -217,7 +217,7 @@ def _retention(env: Mapping[str, str], name: str) -> int | None:
     raw = (env.get(name) or "").strip()
     if raw == "" or raw.lower() == "off":
         return None
-    seconds = sender_limits.parse_retention(raw)
+    seconds = units.duration_seconds(raw, unit_required=True)  # a unit, always
     if seconds is None:
         raise InvalidInput(
             f"{name}={raw!r} is not a duration (an integer with s, m, h or d, e.g. 7d; "

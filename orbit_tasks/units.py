@@ -8,8 +8,11 @@ from orbit_tasks.errors import InvalidInput
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
 _SIZE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, None: 1}
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])?\s*$")
+_DURATION = re.compile(r"\s*([0-9]+)\s*([smhd])?\s*")  # ASCII digits: not "７d"
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+#: More significant digits than any duration an option allows: out of range, never parsed
+#: (int() of thousands of digits is Python's ValueError, not an answer).
+MAX_DURATION_DIGITS = 12
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
@@ -22,14 +25,27 @@ def parse_size(text: str | int, what: str = "size") -> int:
     return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
 
 
+def duration_seconds(text: str, *, unit_required: bool = False) -> int | None:
+    """Seconds of ``<digits>[s|m|h|d]`` (ASCII digits; a bare number is seconds unless
+    ``unit_required``), or None when ``text`` is not of that form. Not range-checked: more than
+    :data:`MAX_DURATION_DIGITS` significant digits come out beyond every range."""
+    m = _DURATION.fullmatch(text)
+    if m is None or (unit_required and m.group(2) is None):
+        return None
+    digits = m.group(1).lstrip("0") or "0"
+    if len(digits) > MAX_DURATION_DIGITS:
+        return 10**MAX_DURATION_DIGITS * 86400
+    return int(digits) * _DURATION_UNITS[m.group(2)]
+
+
 def parse_duration(text: str | int, what: str = "duration") -> int:
     """``'30d'`` -> 2592000 seconds. Accepts a bare integer (seconds) or s/m/h/d."""
     if isinstance(text, int):
         return text
-    m = _DURATION.match(text)
-    if not m:
+    seconds = duration_seconds(text)
+    if seconds is None:
         raise InvalidInput(f"{what} {text!r} is not a duration; use an integer with s, m, h or d")
-    return int(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    return seconds
 
 
 def format_size(n: int) -> str:

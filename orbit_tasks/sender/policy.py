@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal, Protocol
 
-from orbit_tasks import json_document, sender_limits
+from orbit_tasks import json_document, sender_limits, units
 
 # --- codes -------------------------------------------------------------------------------------
 
@@ -163,7 +163,8 @@ def retention_refusal(seconds: int, what: str, shown: str | None = None) -> str:
 def parse_retention(text: str, what: str) -> tuple[int, str]:
     """``(seconds, why)`` of a retention given as text (``7d``: digits and a unit, always);
     ``why`` names the value and the allowed range when it is refused ("" when it is not)."""
-    seconds = sender_limits.parse_retention(text)
+    # digits and a unit, always: a bare 7 meant as days would prune everything older than 7 s
+    seconds = units.duration_seconds(text, unit_required=True)
     shown = text if len(text) <= 40 else f"{text[:16]}...({len(text)} characters)"
     if seconds is None:
         return 0, (

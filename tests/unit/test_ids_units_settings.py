@@ -212,3 +212,29 @@ def test_the_longest_slice_ends_a_margin_before_the_soft_limit(lease: int) -> No
 def test_the_default_slice_fits_the_lease(lease: int, default: int) -> None:
     s = load_settings({"ORBIT_ARCHIVE_LEASE_SECONDS": str(lease)})
     assert s.archive_slice_seconds == default == min(20, max_slice_seconds(lease))
+
+
+@pytest.mark.parametrize("text", ["７d", "１２h", "1" * 5000 + "d", "1" * 5000])
+def test_a_duration_is_ascii_digits_and_a_huge_one_is_out_of_range_not_a_traceback(
+    text: str,
+) -> None:
+    """``plan --interval`` and ``policy --archive-after`` parse like the retention: fullwidth
+    digits are not a duration; thousands of digits give a value beyond every range (the caller
+    says "out of range"), never Python's 4,300-digit ValueError."""
+    from orbit_tasks.units import duration_seconds
+
+    if text[0] in "７１":
+        with pytest.raises(InvalidInput, match="is not a duration"):
+            parse_duration(text)
+        assert duration_seconds(text) is None
+    else:
+        assert parse_duration(text) > 3650 * 86400
+
+
+def test_a_retention_needs_its_unit() -> None:
+    from orbit_tasks.units import duration_seconds
+
+    assert duration_seconds("7", unit_required=True) is None
+    assert duration_seconds("7") == 7
+    assert duration_seconds(" 7d ", unit_required=True) == 7 * 86400
+    assert duration_seconds("007s", unit_required=True) == 7
