@@ -679,10 +679,20 @@ def review_page(
     return list(conn.execute(stmt))
 
 
-def get_resolution(conn: Connection, namespace_id: str, operation_id: str) -> Any:
-    return conn.execute(
-        select(r).where(r.c.namespace_id == namespace_id, r.c.operation_id == operation_id)
-    ).first()
+def get_resolution(
+    conn: Connection, namespace_id: str, operation_id: str, latest: bool = False
+) -> Any:
+    stmt = select(r).where(r.c.namespace_id == namespace_id, r.c.operation_id == operation_id)
+    return conn.execute(_latest(stmt, latest)).first()
+
+
+def lock_row(conn: Connection, namespace_id: str, operation_id: str) -> Any:
+    """The outbox row, newest committed, locked until the transaction ends (``FOR UPDATE``;
+    SQLite: the transaction's write lock). Every dead-letter command locks the row before it
+    decides (requeue, resolve), so that a resolve and a requeue of one row are one after the
+    other: a resolved row is never requeued in bulk, a requeued row never reported resolved."""
+    stmt = select(o).where(o.c.namespace_id == namespace_id, o.c.operation_id == operation_id)
+    return conn.execute(stmt.with_for_update()).first()
 
 
 def record_resolution(
