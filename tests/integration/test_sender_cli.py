@@ -242,7 +242,7 @@ def test_dry_run_writes_nothing_in_any_sender_command(biz: tuple[str, Engine]) -
         conn.execute(
             text(
                 "UPDATE sender_outbox SET state='ACCEPTED', wake_at=NULL, last_code='ACCEPTED', "
-                "task_id=operation_id, receipt_json='{\"task_id\": \"x\"}', "
+                'task_id=operation_id, receipt_json=\'{"task_id": "x"}\', '
                 "updated_at=updated_at - INTERVAL 8 DAY WHERE operation_id=:op"
             ),
             {"op": ops[2]},
@@ -281,7 +281,7 @@ def test_requeue_or_resolve_of_a_pruned_operation_says_it_was_pruned(
         conn.execute(
             text(
                 "UPDATE sender_outbox SET state='ACCEPTED', wake_at=NULL, last_code='ACCEPTED', "
-                "task_id=operation_id, receipt_json='{\"task_id\": \"x\"}', "
+                'task_id=operation_id, receipt_json=\'{"task_id": "x"}\', '
                 "updated_at=updated_at - INTERVAL 8 DAY"
             )
         )
