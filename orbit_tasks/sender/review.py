@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
+from orbit_tasks import failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
 from orbit_tasks.logs import log_action
@@ -124,6 +125,7 @@ def requeue_code(
     is refused) or waits and then finds the row requeued (it is refused)."""
     items = []
     for conn, now, page in _pages(engine, code, namespace_id, unresolved=False):
+        failpoints.hit("sender.requeue.after_page")  # a page read, nothing locked yet
         for seen in page:
             row = seen if dry_run else store.lock_row(conn, seen.namespace_id, seen.operation_id)
             if row is None or row.state != seen.state or row.updated_at != seen.updated_at:
@@ -145,6 +147,7 @@ def requeue_code(
                 _logged_requeue(row)
             else:
                 items.append(_item(seen, "refused", "the row changed meanwhile"))
+        failpoints.hit("sender.requeue.before_commit")  # the page's rows locked and requeued
     return items
 
 
