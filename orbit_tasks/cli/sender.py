@@ -329,12 +329,14 @@ def sender_prune(older_than: str, namespace: str | None, dry_run: bool, as_json:
     )
     data = report.as_fields()
     verb = "would prune" if dry_run else "pruned"
+    skipped = data["skipped_in_both"]
     emit(
         data,
         as_json,
         f"{verb} {data['pruned']} rows ({data['accepted']} ACCEPTED, {data['review']} "
         f"resolved REVIEW) last changed before {data['cutoff']}; scanned {data['scanned']} "
-        f"rows in {data['pages']} pages",
+        f"rows in {data['pages']} pages"
+        + (f"; {skipped} skipped: already pruned (docs/operations.md)" if skipped else ""),
     )
 
 

@@ -90,6 +90,18 @@ def _body(op: str) -> str:
     return json.dumps({"op": op, "amount": "1.10"})
 
 
+def _enqueue(conn: Any, ns: str, queue: str, op: str) -> Any:
+    """Operation ``op`` with its own body and source_ref (what every test here enqueues)."""
+    return enqueue(
+        conn,
+        namespace_id=ns,
+        queue_id=queue,
+        operation_id=op,
+        request=_body(op),
+        source_ref=f"orders/{op}",
+    )
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_prunes_racing_enqueues_from_snapshots_older_than_the_operation(
     world: World, business: tuple[str, Engine], isolation: str
@@ -116,14 +128,7 @@ def test_prunes_racing_enqueues_from_snapshots_older_than_the_operation(
                 ops = [new_op() for _ in range(4)]
                 with engine.begin() as setup:
                     for op in ops:
-                        got = enqueue(
-                            setup,
-                            namespace_id=ns,
-                            queue_id=queue,
-                            operation_id=op,
-                            request=_body(op),
-                            source_ref=f"orders/{op}",
-                        )
+                        got = _enqueue(setup, ns, queue, op)
                         answers.record(ns, op, _body(op), f"orders/{op}", got).committed()
                 drive(relay, engine, timeout=60)
                 with engine.begin() as setup:
@@ -178,14 +183,7 @@ def _enqueue_all(
                 answers.record(ns, op, '{"another": 1}', f"orders/{op}", error=exc)
             else:
                 raise AssertionError(f"another request for {op} was not a conflict")
-        got = enqueue(
-            conn,
-            namespace_id=ns,
-            queue_id=queue,
-            operation_id=shared,
-            request=_body(shared),
-            source_ref=f"orders/{shared}",
-        )
+        got = _enqueue(conn, ns, queue, shared)
         mine.append(answers.record(ns, shared, _body(shared), f"orders/{shared}", got))
         conn.commit()
         for answer in mine:
@@ -207,14 +205,7 @@ def _forbidden(engine: Engine, world: World, n: int) -> list[str]:
     ops = sorted(new_op() for _ in range(n))
     with engine.begin() as conn:
         for op in ops:
-            enqueue(
-                conn,
-                namespace_id=world.ns,
-                queue_id=world.queues[1],
-                operation_id=op,
-                request=_body(op),
-                source_ref=f"orders/{op}",
-            )
+            _enqueue(conn, world.ns, world.queues[1], op)
         conn.execute(
             text(
                 "UPDATE sender_outbox SET state='REVIEW', wake_at=NULL, last_code=:code, "
