@@ -451,7 +451,7 @@ def test_enqueue_racing_a_prune_gets_one_of_the_two_right_answers(
 
 
 def test_page_scan_and_delete_are_primary_key_ranges_on_mariadb() -> None:
-    """Every page statement of a prune (the keyset scan with its two joins, the fenced delete),
+    """Every page statement of a prune (the keyset scan with its three joins, the fenced delete),
     with and without --namespace, reads a range of the primary key (EXPLAIN on MariaDB)."""
     with mariadb_database("orbit_sx") as url:
         engine = make_engine(url)
@@ -461,7 +461,12 @@ def test_page_scan_and_delete_are_primary_key_ranges_on_mariadb() -> None:
             _accepted_directly(engine, ns, 30)
             _accepted_directly(engine, other, 30)
             with engine.begin() as conn:
-                conn.execute(text("ANALYZE TABLE sender_outbox, sender_jobs, sender_resolutions"))
+                conn.execute(
+                    text(
+                        "ANALYZE TABLE sender_outbox, sender_jobs, sender_resolutions, "
+                        "sender_pruned"
+                    )
+                )
             with captured_sql(engine) as seen, engine.connect() as conn:  # rolled back
                 page = store.prune_scan(conn, ns, None, 10)
                 assert store.delete_pruned(conn, ns, page)
@@ -485,7 +490,7 @@ def test_page_scan_and_delete_are_primary_key_ranges_on_mariadb() -> None:
                 # the first page of a namespace is a prefix (ref), of the table its start (index)
                 kinds = ("range",) if keyset else ("range", "ref", "index")
                 assert outbox["key"] == "PRIMARY" and outbox["type"] in kinds, (statement, plan)
-                for joined in ("sender_jobs", "sender_resolutions"):
+                for joined in ("sender_jobs", "sender_resolutions", "sender_pruned"):
                     if joined in plan:
                         assert plan[joined]["type"] == "eq_ref", plan
                         assert plan[joined]["key"] == "PRIMARY", plan
