@@ -163,13 +163,15 @@ def retention_refusal(seconds: int, what: str, shown: str | None = None) -> str:
 def parse_retention(text: str, what: str) -> tuple[int, str]:
     """``(seconds, why)`` of a retention given as text (``7d``: digits and a unit, always);
     ``why`` names the value and the allowed range when it is refused ("" when it is not)."""
-    # digits and a unit, always: a bare 7 meant as days would prune everything older than 7 s
-    seconds = units.duration_seconds(text, unit_required=True)
+    # digits and a unit, always: a bare 7 meant as days would prune everything older than 7 s;
+    # and nothing else: "1s " (a stray space) is not what the operator meant to type either
+    spaced = any(ch.isspace() for ch in text)
+    seconds = None if spaced else units.duration_seconds(text, unit_required=True)
     shown = text if len(text) <= 40 else f"{text[:16]}...({len(text)} characters)"
     if seconds is None:
         return 0, (
-            f"{what} {shown!r} is not a duration; use an integer with s, m, h or d, e.g. 7d "
-            f"(allowed {sender_limits.RETENTION_RANGE})"
+            f"{what} {shown!r} is not a duration; use an integer with s, m, h or d, e.g. 7d, "
+            f"without spaces (allowed {sender_limits.RETENTION_RANGE})"
         )
     return seconds, retention_refusal(seconds, what, shown.strip())
 
@@ -198,13 +200,7 @@ def reason_refusal(reason: str) -> str:
     """Why ``reason`` cannot be recorded ("" when it can)."""
     if not reason.strip() or len(reason) > MAX_REASON_CHARS:
         return f"--reason is {len(reason)} characters; allowed 1..{MAX_REASON_CHARS}, not blank"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in reason):
-        return "--reason contains control characters; allowed: printable text on one line"
-    try:
-        reason.encode("utf-8")
-    except UnicodeEncodeError:
-        return "--reason contains a lone surrogate; not valid UTF-8"
-    return ""
+    return units.one_line_refusal(reason, "--reason")  # also lone surrogates (not UTF-8)
 
 
 # --- classification ----------------------------------------------------------------------------
