@@ -193,7 +193,9 @@ class Relay:
                 conn, identity.namespace_id, queue, now, limit - len(claimed)
             ):
                 seen += 1
-                code = policy.claim_guard(now, cand.send_count, cand.send_deadline_at)
+                code = policy.claim_guard(
+                    now, cand.send_count, cand.send_deadline_at, self.timeout_seconds
+                )
                 if code is None:
                     ready.append(cand)
                 elif store.guard_to_review(conn, cand, code, now):
@@ -261,7 +263,9 @@ class Relay:
         if check is not None:
             return Sent(owned, "review", code=check)
         elapsed = dt.timedelta(seconds=self.monotonic() - owned.mono)
-        if policy.too_late_to_send(row.claimed_at + elapsed, row.send_deadline_at):
+        if policy.too_late_to_send(
+            row.claimed_at + elapsed, row.send_deadline_at, self.timeout_seconds
+        ):
             return Sent(owned, "review", code=policy.LastCode.DEADLINE_EXCEEDED)
         if row.claimed_at + elapsed + dt.timedelta(seconds=self.timeout_seconds) >= row.lease_until:
             # Too little lease left for one bounded send: give it back unsent.
@@ -336,7 +340,12 @@ class Relay:
         code = outcome.code
         if outcome.kind == "retry":
             wake, final = policy.after_retryable(
-                now, row.send_deadline_at, row.send_count, self.rng, outcome.retry_after
+                now,
+                row.send_deadline_at,
+                row.send_count,
+                self.rng,
+                outcome.retry_after,
+                self.timeout_seconds,
             )
             if wake is not None:
                 return code, "retry", store.write_retry(conn, row, code, wake, now)

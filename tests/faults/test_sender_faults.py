@@ -8,10 +8,14 @@ ACCEPTED row holds the platform's original receipt byte-exact."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, bindparam, select, text
+
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.history_tables import tasks
 
 from orbit_tasks.sender import enqueue
 from tests.support import sender as sender_support
@@ -236,3 +240,68 @@ def test_retry_after_holds_the_whole_queue_and_only_that_queue(
     assert [p for p in during if p.key not in q0], "the other queue stopped too"
     resumed = [p.at for p in posts if p.key in q0 and p.at > t429 + grace]
     assert resumed and min(resumed) >= t429 + 2.0  # q0 resumes once the 2 s are over
+
+
+def _deadline_in(engine: Engine, ops: list[str], seconds: float) -> dt.datetime:
+    """Make rows look enqueued almost 24 h ago: their deadline is ``seconds`` from now
+    (created_at = deadline - 24 h satisfies ck_sender_deadline)."""
+    with engine.begin() as conn:
+        deadline = db_now(conn) + dt.timedelta(seconds=seconds)
+        conn.execute(
+            text(
+                "UPDATE sender_outbox SET created_at=:c, send_deadline_at=:d, wake_at=:c "
+                "WHERE operation_id IN :ops"
+            ).bindparams(bindparam("ops", expanding=True)),
+            {"c": deadline - dt.timedelta(hours=24), "d": deadline, "ops": ops},
+        )
+    return deadline
+
+
+def test_deadlines_reached_during_a_slow_request(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    """Issue 23 item 3: with the API 3 s slow (under the 5 s HTTP bound), rows whose deadline was
+    1.2-2.3 s away became platform tasks after ``send_deadline_at`` (a send started as long as
+    1 s was left). A send starts only when the whole HTTP bound plus the margin fits before the
+    deadline; the rest go to REVIEW DEADLINE_EXCEEDED unsent. Checked from the API's database:
+    no task created at or after its row's deadline, one task per operation."""
+    _, engine = business
+    timeout = 5.0
+    close = enqueue_many(engine, world.ns, world.queues, 12)  # 1.2..2.3 s left
+    inside = enqueue_many(engine, world.ns, world.queues, 4)  # 4..5.5 s: < bound + margin
+    far = enqueue_many(engine, world.ns, world.queues, 4)  # a day: sent, slowly
+    for i, op in enumerate(close):
+        _deadline_in(engine, [op], 1.2 + 0.1 * i)
+    for i, op in enumerate(inside):
+        _deadline_in(engine, [op], 4.0 + 0.5 * i)
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        return Fault("sleep", seconds=3.0) if method == "POST" else PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token, lease=60, timeout=timeout, concurrency=8)
+        drive(relay, engine, timeout=60)
+        relay.client.close()
+        proxy.settle()
+    table = rows(engine)
+    sent_keys = {p.key for p in proxy.posts()}
+    for op in close + inside:
+        r = table[op][0]
+        assert (r.state, r.last_code) == ("REVIEW", "DEADLINE_EXCEEDED"), (op, r.state)
+        assert "op-" + op not in sent_keys, "a send started without the HTTP bound left"
+    for op in far:
+        assert table[op][0].state == "ACCEPTED"
+    with world.platform.connect() as conn:
+        created = {
+            key: at
+            for key, at in conn.execute(
+                select(tasks.c.idempotency_key, tasks.c.created_at).where(
+                    tasks.c.idempotency_key.in_(["op-" + op for op in close + inside + far])
+                )
+            )
+        }
+    assert set(created) == {"op-" + op for op in far}
+    for op in far:
+        assert created["op-" + op] < table[op][0].send_deadline_at
+    assert set(platform_task_count(world.platform, list(created)).values()) == {1}
+    check_invariants(engine, world.platform)
