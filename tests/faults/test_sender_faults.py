@@ -16,7 +16,6 @@ from sqlalchemy import Engine, bindparam, select, text
 
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import tasks
-
 from orbit_tasks.sender import enqueue
 from tests.support import sender as sender_support
 from tests.support.db import mariadb_database, migrated_engine
