@@ -214,7 +214,14 @@ def worker_control(**opts: Any) -> None:
 @worker_group.command("sender", epilog=_EPILOG)
 @common_options
 def worker_sender(**opts: Any) -> None:
-    """Consume orbit.sender only (outbox relay)."""
+    """Consume orbit.sender only (outbox relay). Refused at start (exit 2) without a credential
+    the platform API at ORBIT_API_URL accepts."""
+    if not opts["print_command"]:
+        # Imported here: httpx (~60 ms), which only this command of the group needs.
+        from orbit_tasks.sender.client import require_api
+
+        s = get_settings()
+        require_api(s.api_url, s.api_token, timeout_seconds=s.sender_http_timeout_seconds)
     _single_queue_worker(SENDER_QUEUE, "sender", "business", **opts)
 
 

@@ -473,7 +473,13 @@ class Relay:
             self.client.identity()
         except IdentityUnavailable as exc:
             stats.identity_error = True
-            log_action(logger, "sender.identity.unavailable", logging.WARNING, reason=str(exc))
+            log_action(
+                logger,
+                "sender.identity.unavailable",
+                logging.WARNING,
+                reason=str(exc),
+                api_url=self.client.shown_url,
+            )
             return stats
         # Claim a page once that many rows are recorded; up to a window of rows is claimed and
         # not yet recorded, so sending threads always find queued rows while this thread writes
@@ -508,6 +514,7 @@ class Relay:
                             "sender.identity.unavailable",
                             logging.WARNING,
                             reason=str(exc),
+                            api_url=self.client.shown_url,
                         )
                     if self.monotonic() >= claim_end:  # the refresh itself took the rest
                         identity, claiming = None, False
