@@ -52,6 +52,9 @@ _WRAPPED = "_orbit_sender_wake_wrapped"  # attribute on a dialect instance
 PUBLISH_BACKOFF_SECONDS = 5.0
 # A wake-up waiting longer than this is dropped by the worker (the tick has covered it).
 EXPIRES_SECONDS = 60.0
+# On the embedded filesystem broker a wake-up nobody consumes stays a file for ever; with this
+# many waiting, another adds nothing (a wake-up only says "run a pass") and is not written.
+MAX_WAITING_FILE_WAKEUPS = 8
 
 _install_lock = threading.Lock()
 
@@ -204,6 +207,8 @@ class Publisher:
             if self.monotonic() < self._quiet_until:
                 return False
             try:
+                if settings.broker_is_filesystem and _enough_waiting(settings):
+                    return True  # nobody consumed the last ones: one more adds nothing
                 producer = self._producer_for(settings)
                 task_id = str(uuid.uuid4())
                 body, headers, properties = wakeup_message(task_id, dt.datetime.now(dt.UTC))
@@ -282,6 +287,24 @@ class Publisher:
         with self._lock:
             self._close()
             self._quiet_until = 0.0
+
+
+def _enough_waiting(settings: Settings) -> bool:
+    """Whether MAX_WAITING_FILE_WAKEUPS sender messages already wait in the filesystem broker's
+    folder (kombu names them ``<ms>_<uuid>.<queue>.msg``)."""
+    folder = Path(str(settings.filesystem_broker_options()["data_folder_in"]))
+    suffix = f".{SENDER_QUEUE}.msg"
+    waiting = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.endswith(suffix):
+                    waiting += 1
+                    if waiting >= MAX_WAITING_FILE_WAKEUPS:
+                        return True
+    except FileNotFoundError:
+        return False
+    return False
 
 
 PUBLISHER = Publisher()

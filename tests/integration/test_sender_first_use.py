@@ -4,16 +4,24 @@ the variable (and the URL, its password hidden), exit 2, before any Celery proce
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE
+from orbit_tasks.sender.wakeup import MAX_WAITING_FILE_WAKEUPS
 from tests.support import sender as sender_support
 from tests.support.cli import orbit_env, run_orbit
 from tests.support.db import migrated_engine
-from tests.support.sender import World
+from tests.support.processes import ORBIT, started
+from tests.support.sender import REDIS_URL, World
 
 pytestmark = [pytest.mark.mariadb]
 
@@ -93,3 +101,88 @@ def test_a_url_that_is_not_the_orbit_api_is_refused(world: World, env: dict[str,
     assert code == 2, (out, err)
     line = _one_line(err)
     assert "ORBIT_API_URL" in line and wrong in line and "404" in line, line
+
+
+def _queue_lengths_after_beat(
+    env: dict[str, str], tmp_path: Path, seconds: float
+) -> dict[str, int]:
+    """Run a real ``orbit beat`` for ``seconds`` (1 s ticks) with nothing consuming; the length
+    of each queue in Redis afterwards."""
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    env = {**env, "CELERY_BROKER_URL": REDIS_URL, "ORBIT_SENDER_TICK_SECONDS": "1"}
+    env["ORBIT_TICK_SECONDS"] = "2"
+    with started([str(ORBIT), "beat"], env, tmp_path / "beat.log") as beat:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            assert beat.proc.poll() is None, beat.text()
+            time.sleep(0.2)
+        log = beat.text()
+    try:
+        return {q: int(client.llen(q)) for q in (SENDER_QUEUE, CONTROL_QUEUE)} | {"log": len(log)}
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.mark.redis
+def test_an_archive_only_deployment_gets_no_sender_ticks(world: World, tmp_path: Path) -> None:
+    """Before: beat published orbit.sender.tick every 2 s whether or not an outbox existed; in an
+    archive-only deployment orbit.sender grew by ~43,000 messages a day. Beat now schedules the
+    ticks of the databases the environment names (as its schema check does)."""
+    archive_only = orbit_env(world.platform_url, ORBIT_VAR_DIR=str(tmp_path / "var"))
+    got = _queue_lengths_after_beat(archive_only, tmp_path, 8.0)
+    assert got[CONTROL_QUEUE] >= 1, got  # beat ran and published its archive tick
+    assert got[SENDER_QUEUE] == 0, got
+
+
+def _app_env(**extra: str) -> dict[str, str]:
+    """An application's environment without any orbit variable nor CELERY_BROKER_URL."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORBIT_", "CELERY_"))}
+    return {**env, **extra}
+
+
+def test_the_demo_application_writes_its_wake_ups_inside_the_demo_folder(tmp_path: Path) -> None:
+    """Before: ``make demo`` left wake-up files in ./var/broker, outside var/demo/ (the demo's
+    own enqueue ran with the default ORBIT_VAR_DIR of its working directory)."""
+    root = tmp_path / "demo"
+    with migrated_engine(f"sqlite:///{root / 'business.sqlite3'}", "business"):
+        pass
+    code = "from pathlib import Path; from orbit_tasks.dev.demo import Demo; "
+    code += f"Demo(Path('demo')).enqueue('{'ab' * 16}', '{'cd' * 16}')"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_app_env(), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # nothing outside it
+    assert len(list((root / "broker").glob("*.orbit.sender.msg"))) == 1
+
+
+def test_wake_ups_nobody_consumes_do_not_pile_up_on_the_filesystem_broker(
+    tmp_path: Path,
+) -> None:
+    """Before: an application without CELERY_BROKER_URL wrote one wake-up file per commit into
+    the filesystem broker's folder, for ever, when no sender worker consumed it. A wake-up only
+    says "run a pass": once a few are waiting, another adds nothing and is not written."""
+    var = tmp_path / "var"
+    url = f"sqlite:///{tmp_path / 'business.sqlite3'}"
+    with migrated_engine(url, "business"):
+        pass
+    code = f"""
+from orbit_tasks.db.engine import make_engine
+from orbit_tasks.sender import enqueue
+engine = make_engine({url!r})
+for i in range(60):
+    with engine.begin() as conn:
+        enqueue(conn, namespace_id="ab" * 16, queue_id="cd" * 16, operation_id=f"{{i:032x}}",
+                request={{"i": i}}, source_ref=f"orders/{{i}}")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_app_env(ORBIT_VAR_DIR=str(var)),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    waiting = list((var / "broker").glob("*.orbit.sender.msg"))
+    assert 1 <= len(waiting) <= MAX_WAITING_FILE_WAKEUPS, len(waiting)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["business.sqlite3", "var"]
