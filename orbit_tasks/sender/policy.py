@@ -318,6 +318,24 @@ def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
     return min(max(0.0, (when - now).total_seconds()), MAX_RETRY_AFTER_SECONDS)
 
 
+def hold_until(
+    now: dt.datetime,
+    asked_seconds: float,
+    earliest_deadline: dt.datetime | None,
+    http_seconds: float,
+) -> dt.datetime | None:
+    """The end of a queue hold a ``Retry-After`` of ``asked_seconds`` (already bounded by
+    MAX_RETRY_AFTER_SECONDS) asks for, bounded by the last retry slot of the queue's earliest
+    deadline, so that a hold never keeps a row from its last try. None: no hold (nothing asked,
+    or that last slot has come)."""
+    if asked_seconds <= 0:
+        return None
+    until = now + dt.timedelta(seconds=min(asked_seconds, MAX_RETRY_AFTER_SECONDS))
+    if earliest_deadline is not None:
+        until = min(until, last_slot(earliest_deadline, http_seconds))
+    return until if until > now else None
+
+
 def classify_response(
     status: int,
     body: bytes,

@@ -29,7 +29,7 @@ from orbit_tasks import counters, failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
-from orbit_tasks.sender import policy, store
+from orbit_tasks.sender import holds, policy, store
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
 from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassStats, Sent
 
@@ -183,10 +183,12 @@ class Relay:
         self._queue_offset += 1
         claimed: list[store.Claimed] = []
         seen = guarded = 0
+        # Holds recorded by any sender process (sender_holds), and this process's own.
+        held = holds.held_queues(conn, identity.namespace_id, now)
         for queue in queues[start:] + queues[:start]:
             if len(claimed) >= limit:
                 break
-            if self.held(identity.namespace_id, queue):
+            if queue in held or self.held(identity.namespace_id, queue):
                 continue  # the platform asked this queue to wait: claim nothing of it
             ready: list[store.Candidate] = []
             for cand in store.due_candidates(
@@ -281,7 +283,9 @@ class Relay:
             now = row.claimed_at + dt.timedelta(seconds=self.monotonic() - owned.mono)
             wait = policy.parse_retry_after(result.retry_after, now)
             if wait:
-                self.hold(row.namespace_id, row.queue_id, wait, result.status)
+                # At once for this process's other sending threads; the pass's thread bounds it
+                # and records it for every process when it writes this outcome (_record_hold).
+                self.hold(row.namespace_id, row.queue_id, wait)
         return Sent(owned, "sent", result=result)
 
     # --- queue-wide back-off -------------------------------------------------------------------
@@ -292,19 +296,50 @@ class Relay:
             until = self._holds.get((namespace_id, queue_id))
         return until is not None and self.monotonic() < until
 
-    def hold(self, namespace_id: str, queue_id: str, seconds: float, status: int) -> None:
-        """Hold every send to (namespace, queue) for ``seconds`` (a 429 or 503 with
-        ``Retry-After``): the rest of that queue waits with the row that was told so, instead of
-        hitting a platform that asked everyone to wait; other queues keep flowing."""
+    def hold(
+        self, namespace_id: str, queue_id: str, seconds: float, *, replace: bool = False
+    ) -> None:
+        """Hold every send to (namespace, queue) in this process for ``seconds`` (a 429 or 503
+        with ``Retry-After``): the rest of that queue waits with the row that was told so,
+        instead of hitting a platform that asked everyone to wait; other queues keep flowing.
+        ``replace``: set this end even when it is earlier (the bounded, recorded hold)."""
         until = self.monotonic() + seconds
         with self._holds_lock:
             key = (namespace_id, queue_id)
-            if until <= self._holds.get(key, -math.inf):
+            if not replace and until <= self._holds.get(key, -math.inf):
                 return
             self._holds[key] = until
+
+    def _record_hold(
+        self, conn: Connection, sent: Sent, outcome: policy.Outcome, now: dt.datetime
+    ) -> None:
+        """A 429/503 with ``Retry-After``: the hold of its queue, bounded by the documented
+        maximum and by the last retry slot of the queue's earliest deadline, recorded in
+        ``sender_holds`` for every sender process (and this process's own hold set to it)."""
+        row, result = sent.owned.row, sent.result
+        if result is None or result.status not in HOLD_STATUSES or not outcome.retry_after:
+            return
+        earliest = holds.earliest_open_deadline(conn, row.namespace_id, row.queue_id)
+        if earliest is None or row.send_deadline_at < earliest:
+            earliest = row.send_deadline_at
+        until = policy.hold_until(now, outcome.retry_after, earliest, self.timeout_seconds)
+        seconds = 0.0 if until is None else (until - now).total_seconds()
+        self.hold(row.namespace_id, row.queue_id, seconds, replace=True)
+        if until is None:
+            return
+        holds.write_hold(
+            conn,
+            row.namespace_id,
+            row.queue_id,
+            until=until,
+            status=result.status,
+            asked_seconds=outcome.retry_after,
+            now=now,
+        )
         log_action(
-            logger, "sender.queue.held", namespace_id=namespace_id, queue_id=queue_id,
-            seconds=seconds, status=status,
+            logger, "sender.queue.held", namespace_id=row.namespace_id, queue_id=row.queue_id,
+            seconds=round(seconds, 3), asked_seconds=outcome.retry_after, status=result.status,
+            until=until.isoformat() + "Z",
         )  # fmt: skip
 
     # --- one row: the fenced outcome write (the pass's thread) ---------------------------------
@@ -339,6 +374,7 @@ class Relay:
             return outcome.code, "accepted", written
         code = outcome.code
         if outcome.kind == "retry":
+            self._record_hold(conn, sent, outcome, now)
             wake, final = policy.after_retryable(
                 now,
                 row.send_deadline_at,
