@@ -509,13 +509,7 @@ class Relay:
             self.client.identity()
         except IdentityUnavailable as exc:
             stats.identity_error = True
-            log_action(
-                logger,
-                "sender.identity.unavailable",
-                logging.WARNING,
-                reason=str(exc),
-                api_url=self.client.shown_url,
-            )
+            self._identity_unavailable(exc)
             return stats
         # Claim a page once that many rows are recorded; up to a window of rows is claimed and
         # not yet recorded, so sending threads always find queued rows while this thread writes
@@ -545,13 +539,7 @@ class Relay:
                     except IdentityUnavailable as exc:
                         stats.identity_error = drained = True
                         claiming = False
-                        log_action(
-                            logger,
-                            "sender.identity.unavailable",
-                            logging.WARNING,
-                            reason=str(exc),
-                            api_url=self.client.shown_url,
-                        )
+                        self._identity_unavailable(exc)
                     if self.monotonic() >= claim_end:  # the refresh itself took the rest
                         identity, claiming = None, False
                 # While claiming goes on, outcomes wait for the next claim step (a page of them
@@ -574,6 +562,16 @@ class Relay:
         stats.more = not drained
         log_action(logger, "sender.pass.done", **stats.as_fields())
         return stats
+
+    def _identity_unavailable(self, exc: IdentityUnavailable) -> None:
+        """One WARNING line naming why and the API URL (its password hidden)."""
+        log_action(
+            logger,
+            "sender.identity.unavailable",
+            logging.WARNING,
+            reason=str(exc),
+            api_url=self.client.shown_url,
+        )
 
     def _send_to(self, done: Finished, owned: Owned, pass_end: float) -> None:
         """A sending thread: :meth:`send`, then hand the result to the pass's thread."""

@@ -59,21 +59,19 @@ def load_app_sender_tables(url: str) -> None:
 
 def create_b0002_tables(url: str) -> None:
     """The tables revision b0002 adds (``sender_pruned``, ``sender_resolutions``), by hand."""
-    engine = create_engine(url + "?charset=utf8mb4")
-    try:
-        with engine.begin() as conn:
-            for statement in create_statements(b0002_tables.metadata):
-                conn.execute(statement)
-    finally:
-        engine.dispose()
+    _create_tables(url, b0002_tables.metadata)
 
 
 def create_b0003_tables(url: str) -> None:
     """The table revision b0003 adds (``sender_holds``), by hand."""
+    _create_tables(url, b0003_tables.metadata)
+
+
+def _create_tables(url: str, metadata: Any) -> None:
     engine = create_engine(url + "?charset=utf8mb4")
     try:
         with engine.begin() as conn:
-            for statement in create_statements(b0003_tables.metadata):
+            for statement in create_statements(metadata):
                 conn.execute(statement)
     finally:
         engine.dispose()
