@@ -9,8 +9,10 @@ from typing import Any
 import click
 
 from orbit_tasks.cli.common import LazyGroup, emit, emit_list, json_option
+from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import InvalidInput
+from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender import policy
 from orbit_tasks.sender import retention as sender_retention
 from orbit_tasks.sender import review as sender_review
@@ -138,6 +140,8 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
             sender_review.load(conn, ns, op)  # NotFound, exit 4
         job = sender_store.get_job(conn, ns, op)
         resolution = sender_store.get_resolution(conn, ns, op)
+        hold = None if row is None else sender_holds.get_hold(conn, ns, row.queue_id)
+        now = db_now(conn)
     if row is None:
         assert pruned is not None
         data = _plain(dict(pruned._mapping))
@@ -158,6 +162,10 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
     data["source_ref"] = None if job is None else job.source_ref
     data["job_task_id"] = None if job is None else job.task_id
     data["pruned"] = False
+    # A Retry-After hold of the row's queue still running (docs/sender.md): nothing of the queue
+    # is claimed before it, by any sender process.
+    running = None if hold is None or hold.held_until <= now else hold.held_until
+    data["queue_held_until"] = _plain({"t": running})["t"]
     _show(data, as_json)
 
 

@@ -1,6 +1,6 @@
 """Every revision builds its tables from its own frozen copy (SPEC §12).
 
-Today the frozen copies (p0001 + p0002 + p0003 for the platform chain, b0001 + b0002 for the
+Today the frozen copies (p0001 + p0002 + p0003 for the platform chain, b0001 + b0002 + b0003 for the
 business chain) and the live table modules agree exactly (every CREATE TABLE / CREATE INDEX for
 MySQL 8, MariaDB and SQLite); a later change of a live module cannot change what an old revision
 creates (proved in a fresh interpreter that changes live tables and renders both chains).
@@ -19,7 +19,7 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Dialect
 
 from orbit_tasks.db import business_tables, history_tables, platform_tables
-from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables
+from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables, b0003_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
 from orbit_tasks.db.migrations.platform import p0001_tables, p0002_tables, p0003_tables
 from orbit_tasks.db.schema_check import head_revision, script_directory
@@ -49,7 +49,7 @@ def _ddl(metadata: MetaData, dialect: Dialect) -> dict[str, list[str]]:
 
 FROZEN = {
     "platform": (p0001_tables.metadata, p0002_tables.metadata, p0003_tables.metadata),
-    "business": (b0001_tables.metadata, b0002_tables.metadata),
+    "business": (b0001_tables.metadata, b0002_tables.metadata, b0003_tables.metadata),
 }
 
 
@@ -80,10 +80,12 @@ def test_p0003_creates_only_new_tables() -> None:
     assert list(p0003_tables.metadata.tables) == ["orbit_archive_object_storages"]
 
 
-def test_business_head_is_b0002_on_b0001() -> None:
-    assert head_revision("business") == "b0002"
+def test_business_head_is_b0003_on_b0002_on_b0001() -> None:
+    assert head_revision("business") == "b0003"
+    assert script_directory("business").get_revision("b0003").down_revision == "b0002"
     assert script_directory("business").get_revision("b0002").down_revision == "b0001"
     assert set(b0002_tables.metadata.tables) == {"sender_pruned", "sender_resolutions"}
+    assert set(b0003_tables.metadata.tables) == {"sender_holds"}
 
 
 def test_revision_files_never_import_the_live_table_modules() -> None:
@@ -92,7 +94,7 @@ def test_revision_files_never_import_the_live_table_modules() -> None:
         *MIGRATIONS.glob("*/?000?_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 11
+    assert len(files) == 13
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):

@@ -616,13 +616,13 @@ def test_sender_db_upgrade_from_b0001_with_rows(world: World, tmp_path: Path, ba
         _enqueue(engine, ns, secrets.token_hex(16), ops)  # b0001 only: nothing was ever pruned
         before = _all_rows(engine)
         env = orbit_env(world.platform_url, url)
-        assert run_orbit(["sender", "db", "check"], env).returncode == 1  # b0001, head b0002
+        assert run_orbit(["sender", "db", "check"], env).returncode == 1  # b0001, not head
         done = run_orbit(["sender", "db", "upgrade", "--json"], env)
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
         assert (result["previous"], result["revision"], result["action"]) == (
             "b0001",
-            "b0002",
+            "b0003",
             "upgraded",
         )
         assert _all_rows(engine) == before
@@ -673,7 +673,9 @@ def _accepted_rows_of(engine: Engine, ns: str) -> None:
 
 def test_b0002_rendered_for_mysql8() -> None:
     ddl = render_sql("business", "mysql+mysqldb://u@h/x")
-    part = ddl[ddl.index("-- Running upgrade b0001 -> b0002") :]
+    part = ddl[
+        ddl.index("-- Running upgrade b0001 -> b0002") : ddl.index("-- Running upgrade b0002")
+    ]
     assert "CREATE TABLE sender_pruned (" in part and "CREATE TABLE sender_resolutions (" in part
     for column in (
         "namespace_id CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL",
