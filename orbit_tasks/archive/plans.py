@@ -171,3 +171,51 @@ def tick_action(
     if active_job_id is not None:
         return TickAction.COALESCED
     return TickAction.CREATE_JOB
+
+
+# --- ``orbit plan run``: archive now, phase kept -------------------------------------------------
+
+
+def run_refusal(
+    *,
+    enabled: bool,
+    namespace_state: str,
+    policy_revision: int,
+    latest_policy_revision: int | None,
+    active_job_id: bytes | None,
+    active_job_state: str | None = None,
+) -> str | None:
+    """Why ``orbit plan run`` must not make the plan due now, or None when it may: the namespace
+    is not ACTIVE, the plan is disabled, its policy is unconfirmed, or it has an active job (the
+    tick would coalesce the run into it, so the operator's "now" would not happen)."""
+    if namespace_state != "ACTIVE":
+        return f"namespace is {namespace_state}, not ACTIVE"
+    if not enabled:
+        return "plan is disabled (enable it with orbit plan set NS KIND --enable)"
+    if latest_policy_revision is None or policy_revision != latest_policy_revision:
+        return (
+            f"policy unconfirmed: plan confirms revision {policy_revision}, latest is "
+            f"{latest_policy_revision} (confirm it with orbit plan set --policy-revision)"
+        )
+    if active_job_id is not None:
+        state = f" ({active_job_state})" if active_job_state else ""
+        return (
+            f"plan has an active job {active_job_id.hex()}{state}; a new job is created only "
+            "after it ends (see orbit job show)"
+        )
+    return None
+
+
+def run_now_at(next_run_at: dt.datetime, interval_seconds: int, now: dt.datetime) -> dt.datetime:
+    """The ``next_run_at`` that makes a plan due at ``now`` and keeps its phase
+    (docs/decisions.md "plan run keeps the phase"): ``next_run_at - k * interval`` for the
+    smallest k >= 0 with a result ``<= now``. The tick that creates the run's job advances it by
+    whole intervals (:func:`next_after`) back to the first slot of the phase after ``now``, which
+    is the run the plan had scheduled: a run now does not move the schedule."""
+    if interval_seconds <= 0:
+        raise InvalidInput(f"interval {interval_seconds} must be positive")
+    if next_run_at <= now:
+        return next_run_at
+    step = dt.timedelta(seconds=interval_seconds)
+    k = -((now - next_run_at) // step)  # ceil((next_run_at - now) / step), microsecond exact
+    return next_run_at - k * step

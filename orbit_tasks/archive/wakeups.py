@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from orbit_tasks.queues import queue_name
+from orbit_tasks.queues import CONTROL_QUEUE, queue_name
 
 RUN_JOB_TASK = "orbit.archive.run_job"
+TICK_TASK = "orbit.archive.tick"
 
 
 class Publisher(Protocol):
@@ -58,3 +59,14 @@ def publish_wakeup(
     from orbit_tasks.celery_app import app
 
     make_publisher(app)(storage_id, namespace_id, job_id, kind=kind)
+
+
+def publish_tick(expires_seconds: float, app: Any = None) -> None:
+    """Wake the tick now (``orbit plan run``): one ``orbit.archive.tick`` on the control queue,
+    like beat's, with ``expires`` (a tick that waited longer is stale: beat's next one comes).
+    ``app``: the Celery app to send with (tests); default the deployment's."""
+    sender = app
+    if sender is None:
+        # Imported here: the Celery app (~0.12 s) only when a wake-up is really sent.
+        from orbit_tasks.celery_app import app as sender
+    sender.send_task(TICK_TASK, queue=CONTROL_QUEUE, expires=max(1.0, float(expires_seconds)))

@@ -1,8 +1,10 @@
-"""``orbit plan set|list|show|preview``: periodic archive plans per (namespace, kind) (SPEC §4,
-§9); ``preview`` shows what a job created now would archive, and writes nothing."""
+"""``orbit plan set|list|show|preview|run``: periodic archive plans per (namespace, kind) (SPEC §4,
+§9); ``preview`` shows what a job created now would archive, and writes nothing; ``run`` makes
+a plan due now and wakes the tick."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import click
@@ -10,14 +12,18 @@ import click
 from orbit_tasks.archive import plans as schedule
 from orbit_tasks.archive.engine import preview as plan_preview
 from orbit_tasks.archive.store import plans as plan_store
-from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, json_option
+from orbit_tasks.archive.wakeups import publish_tick
+from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, iso_utc, json_option
 from orbit_tasks.db.engine import DB_CLOCK, db_now
 from orbit_tasks.db.registry import platform_engine, source_engine
 from orbit_tasks.errors import NotFound
 from orbit_tasks.ids import from_hex
+from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import list_namespaces, resolve_namespace
 from orbit_tasks.settings import get_settings
 from orbit_tasks.units import format_duration, format_size
+
+log = logging.getLogger("orbit.cli.plan")
 
 
 @click.group("plan")
@@ -193,6 +199,47 @@ def plan_show(ns: str, kind: str, as_json: bool) -> None:
         f"updated_at      {data['updated_at']}",
     ]
     click.echo("\n".join(lines))
+
+
+@plan_group.command("run")
+@click.argument("ns")
+@click.argument("kind")
+@json_option
+def plan_run(ns: str, kind: str, as_json: bool) -> None:
+    """Archive now: make the plan of NS and KIND due now and wake the tick.
+
+    The next tick creates the job; the plan's schedule keeps its phase (the run after this job is
+    the one it had scheduled). Refused (exit 3) for a disabled plan, an unconfirmed policy, an
+    active job or a namespace that is not ACTIVE; nothing is written then.
+    """
+    schedule.validate_kind(kind)
+    settings = get_settings()
+    with platform_engine().begin() as conn:
+        namespace = resolve_namespace(conn, ns)
+        now = db_now(conn)
+        result = plan_store.run_plan(conn, namespace.id, kind, now=now, actor=settings.actor)
+        latest = plan_store.latest_policy_revision(conn, namespace.id, kind)
+    log_action(log, "archive.plan.run", namespace_id=namespace.id, kind=kind)
+    try:
+        publish_tick(settings.tick_seconds)
+        woken = True
+    except Exception as exc:  # broker unavailable: beat's next tick creates the job anyway
+        log_action(
+            log, "archive.plan.tick_wakeup_failed", logging.WARNING, error=type(exc).__name__
+        )
+        woken = False
+    data = _view(result.plan, namespace.name, latest, now)
+    data["scheduled_before"] = iso_utc(result.scheduled_before)
+    data["next_scheduled"] = iso_utc(result.next_scheduled)
+    data["tick_woken"] = woken
+    if as_json:
+        emit(data, True)
+        return
+    click.echo(
+        f"plan {namespace.name}/{kind} is due now; "
+        + ("the tick was woken" if woken else "the next tick (beat) creates its job")
+        + f"; the next scheduled run stays {data['next_scheduled']}"
+    )
 
 
 @plan_group.command("preview")

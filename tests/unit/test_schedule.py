@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -180,3 +181,52 @@ def test_tick_action_order() -> None:
     )
     assert decide(latest_policy_revision=None) is s.TickAction.POLICY_UNCONFIRMED
     assert decide(active_job_id=b"x" * 16) is s.TickAction.COALESCED
+
+
+# --- orbit plan run: due now, phase kept ---------------------------------------------------------
+
+_US = dt.timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(
+    "ahead, back",
+    [
+        (dt.timedelta(0), 0),  # already due: unchanged
+        (-dt.timedelta(days=3), 0),  # overdue: unchanged (the tick coalesces)
+        (_US, 1),
+        (dt.timedelta(hours=5), 1),
+        (dt.timedelta(days=1), 1),  # exactly one interval ahead: one back lands on now
+        (dt.timedelta(days=1) + _US, 2),  # an interval was shortened: two back
+    ],
+)
+def test_run_now_at_moves_back_whole_intervals_and_the_tick_lands_on_the_phase(
+    ahead: dt.timedelta, back: int
+) -> None:
+    now = dt.datetime(2026, 3, 1, 12, 0, 0, 123456)
+    interval = 86400
+    scheduled = now + ahead
+    due = s.run_now_at(scheduled, interval, now)
+    assert due == scheduled - back * dt.timedelta(seconds=interval)
+    assert s.is_due(True, due, now)
+    after = s.next_after(due, interval, now)  # what the tick that creates the job writes
+    assert after > now and (after - scheduled) % dt.timedelta(seconds=interval) == dt.timedelta(0)
+    if back:
+        assert after == scheduled - (back - 1) * dt.timedelta(seconds=interval)
+
+
+def test_run_refusal_names_the_first_reason() -> None:
+    ok: dict[str, Any] = dict(
+        enabled=True, namespace_state="ACTIVE", policy_revision=2, latest_policy_revision=2,
+        active_job_id=None,
+    )  # fmt: skip
+
+    def refusal(**change: Any) -> str:
+        return s.run_refusal(**{**ok, **change}) or ""
+
+    assert s.run_refusal(**ok) is None
+    assert "not ACTIVE" in refusal(namespace_state="DISABLED")
+    assert "disabled" in refusal(enabled=False)
+    assert "policy unconfirmed" in refusal(latest_policy_revision=3)
+    assert "latest is 3" in refusal(latest_policy_revision=3)
+    active = refusal(active_job_id=b"\x01" * 16, active_job_state="FAILED")
+    assert "01" * 16 in active and "FAILED" in active

@@ -86,9 +86,13 @@ class Plan:
             if isinstance(value, bytes):
                 value = value.hex()
             elif isinstance(value, dt.datetime):
-                value = value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                value = _stamp(value)
             out[key] = value
         return out
+
+
+def _stamp(value: dt.datetime) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,88 @@ def _update_plan(
 
 def _show(value: Any) -> Any:
     return value.hex() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class RunPlanResult:
+    """What ``orbit plan run`` did: the plan after it, the ``next_run_at`` it had, and the run
+    the interval's phase schedules after the job the next tick creates."""
+
+    plan: Plan
+    scheduled_before: dt.datetime
+    next_scheduled: dt.datetime
+
+
+def run_plan(
+    conn: Connection, ns_id: bytes, kind: str, *, now: dt.datetime, actor: str
+) -> RunPlanResult:
+    """Make the plan of (namespace, kind) due at ``now``, phase kept (``plans.run_now_at``), with
+    one audit row (``archive.plan.run``), inside the caller's transaction. Raises NotFound (no
+    namespace or plan) or IllegalState (``plans.run_refusal``: inactive namespace, disabled plan,
+    policy unconfirmed, active job) before anything is written. The plan row is read with a
+    locking read and written by compare-and-set on what was read, so a tick that created a job
+    or an operator change in between is a conflict (StaleRevision), never overwritten. The
+    plan's ``revision`` does not change: no configuration changed."""
+    plans.validate_kind(kind)
+    state = namespace_state_shared(conn, ns_id)
+    if state is None:
+        raise NotFound(f"namespace {ns_id.hex()} does not exist")
+    row = conn.execute(
+        select(archive_plans).where(P.namespace_id == ns_id, P.kind == kind).with_for_update()
+    ).first()
+    if row is None:
+        raise NotFound(f"namespace {ns_id.hex()} has no {kind!r} plan")
+    plan = _plan(row)
+    active_state = None
+    if plan.active_job_id is not None:
+        active_state = conn.execute(
+            select(J.state).where(J.namespace_id == ns_id, J.id == plan.active_job_id)
+        ).scalar()
+    refusal = plans.run_refusal(
+        enabled=plan.enabled,
+        namespace_state=state,
+        policy_revision=plan.policy_revision,
+        latest_policy_revision=latest_policy_revision(conn, ns_id, kind),
+        active_job_id=plan.active_job_id,
+        active_job_state=active_state,
+    )
+    if refusal is not None:
+        raise IllegalState(f"plan {kind!r} cannot run now: {refusal}")
+    due_at = plans.run_now_at(plan.next_run_at, plan.interval_seconds, now)
+    if due_at != plan.next_run_at:
+        result = conn.execute(
+            update(archive_plans)
+            .where(
+                P.namespace_id == ns_id,
+                P.kind == kind,
+                P.revision == plan.revision,
+                P.next_run_at == plan.next_run_at,
+                P.enabled == true(),
+                P.active_job_id.is_(None),
+            )
+            .values(next_run_at=due_at)
+        )
+        if result.rowcount != 1:
+            raise StaleRevision(f"plan {kind!r} changed concurrently; retry")
+    after = plans.next_after(due_at, plan.interval_seconds, now)
+    insert_audit(
+        conn,
+        ns_id,
+        actor=actor,
+        action="archive.plan.run",
+        target_kind="archive_plan",
+        target_id=kind,
+        detail={
+            "kind": kind,
+            "revision": plan.revision,
+            "next_run_at": [_stamp(plan.next_run_at), _stamp(due_at)],
+            "next_scheduled": _stamp(after),
+        },
+        at=now,
+    )
+    current = get_plan(conn, ns_id, kind)
+    assert current is not None
+    return RunPlanResult(current, plan.next_run_at, after)
 
 
 # --- ticks (SPEC §4, §7): a bounded number of statements per page of due plans --------------
