@@ -11,8 +11,9 @@ import logging
 import os
 from typing import Any
 
+from billiard.exceptions import WorkerLostError
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import task_failure, worker_process_init, worker_shutdown
 
 from orbit_tasks.celery_app import app
 from orbit_tasks.errors import TransientError
@@ -32,9 +33,11 @@ def _warm_reader(**_: Any) -> None:
         return  # not an archive worker
     # Imported here: only an archive worker's pool child pays for the reader (~0.25 s, like the
     # runner below).
-    from orbit_tasks.archive.engine import reader_process
+    from orbit_tasks.archive.engine import claim_marks, reader_process
 
-    reader_process.warm(get_settings())
+    settings = get_settings()
+    reader_process.warm(settings)
+    claim_marks.enable(settings.var_dir)  # where the main process finds our claim if we die
 
 
 # A database or broker that is down is the tick's one WARNING line (archive.tick.failed) and an
@@ -53,7 +56,7 @@ def tick() -> dict[str, Any]:
 @app.task(name="orbit.archive.run_job", acks_late=True, ignore_result=True)
 def run_job(namespace_hex: str, job_hex: str) -> str:
     # Imported here: the runner costs ~0.25 s to every process that loads the app (see tick).
-    from orbit_tasks.archive.engine import runner
+    from orbit_tasks.archive.engine import claim_marks, runner
 
     volumes = runner.parse_volumes(os.environ.get(VOLUMES_ENV))
     try:
@@ -62,3 +65,33 @@ def run_job(namespace_hex: str, job_hex: str) -> str:
         # The claim's lease expires and the job is taken over; nothing half-confirmed exists.
         log_action(log, "archive.job.time_limit", logging.WARNING, job_id=job_hex)
         return "time_limit"
+    finally:
+        claim_marks.clear()
+
+
+@task_failure.connect(sender=run_job)
+def _child_lost(exception: BaseException | None = None, args: Any = None, **_: Any) -> None:
+    """In the worker's main process: the pool child that ran this delivery died (SIGKILL, OOM).
+    Expire the lease it marked and wake a takeover now, not after the lease
+    (docs/archive-jobs.md "A dead pool child"). Best effort: the lease expires anyway."""
+    if not isinstance(exception, WorkerLostError) or not os.environ.get(VOLUMES_ENV):
+        return
+    # Imported here: as in run_job (the store and SQLAlchemy, only when a child was lost).
+    from orbit_tasks.archive.engine import claim_marks
+    from orbit_tasks.db.registry import platform_engine
+
+    try:
+        ns_hex, job_hex = args
+        claim_marks.take_over_lost(platform_engine(), get_settings().var_dir, ns_hex, job_hex)
+    except Exception as exc:  # the database or broker is down: the lease expires by itself
+        log_action(log, "archive.job.child_lost_failed", logging.WARNING, error=type(exc).__name__)
+
+
+@worker_shutdown.connect
+def _remove_marks(**_: Any) -> None:
+    """The main process of an archive worker leaves no claim marks behind."""
+    if not os.environ.get(VOLUMES_ENV):
+        return
+    from orbit_tasks.archive.engine import claim_marks
+
+    claim_marks.remove_marks(get_settings().var_dir, os.getpid())

@@ -8,6 +8,7 @@ owner, for a claim, a takeover, the owner's lease check and an abandon alike.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -276,3 +277,41 @@ def dataclass_replace(job: Job, **changes: object) -> Job:
     from dataclasses import replace
 
     return replace(job, **changes)  # type: ignore[arg-type]
+
+
+def test_expire_lost_lease_is_fenced_by_the_dead_claims_own_live_lease(engine: Engine) -> None:
+    """A dead pool child's lease (issue 25 item 5): only a compare-and-set on that claim's own
+    lease id, while it is live, expires it; the job stays RUNNING and the next claim is a
+    takeover."""
+    job = _job(engine)
+    first = _claim(engine, job, T0)
+    assert first is not None and first.job.lease_until is not None
+    at = FixedClock(T0 + dt.timedelta(seconds=5))
+    held = _read(engine, job.namespace_id, job.id)
+    # another lease id (a claim that moved on) matches nothing and writes nothing
+    assert job_store.expire_lost_lease(engine, job.namespace_id, job.id, new_id(), clock=at) is None
+    assert _read(engine, job.namespace_id, job.id) == held
+    # the lease's last microsecond is still live (expirable); one after, it has expired anyway
+    end = first.job.lease_until
+    late = FixedClock(end + US)
+    assert (
+        job_store.expire_lost_lease(engine, job.namespace_id, job.id, first.lease_id, clock=late)
+        is None
+    )
+    assert _read(engine, job.namespace_id, job.id) == held
+    expired = job_store.expire_lost_lease(
+        engine, job.namespace_id, job.id, first.lease_id, clock=FixedClock(end)
+    )
+    assert expired is not None
+    assert expired == dataclasses.replace(held, lease_until=end - dt.timedelta(seconds=1))
+    # no claim, confirm or operator change: attempts, revision and updated_at stay
+    # the next claim, at once, is a takeover (the stall guard counts it)
+    second = _claim(engine, job, end)
+    assert second is not None and second.takeover
+    assert second.job.attempts == first.job.attempts + 1
+    # the new owner's live lease is never touched by its predecessor's mark
+    assert (
+        job_store.expire_lost_lease(engine, job.namespace_id, job.id, first.lease_id, clock=at)
+        is None
+    )
+    assert _read(engine, job.namespace_id, job.id).lease_id == second.lease_id

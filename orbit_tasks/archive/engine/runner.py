@@ -37,7 +37,7 @@ from orbit_tasks import counters, failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.controls import REPLICA_BEAT, WaitReason
-from orbit_tasks.archive.engine import gate, leftovers, verify
+from orbit_tasks.archive.engine import claim_marks, gate, leftovers, verify
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch
@@ -168,6 +168,7 @@ def run_job(
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
                 return Outcome.NOT_CLAIMED
+            claim_marks.hold(ns_id, job_id, c.lease_id)  # for the main process if we die
             if g is not None and g.open_wait:
                 with atomic(conn):
                     control_store.close_waits(conn, ns_id, job_id, c.claimed_at)
@@ -604,6 +605,7 @@ def _confirm(
         return Outcome.RELEASED
     assert nxt is not None
     ch.claim = nxt
+    claim_marks.hold(job.namespace_id, job.id, nxt.lease_id)
     if after == "keep":
         ch.tail_final = True
         return _finish(ch)

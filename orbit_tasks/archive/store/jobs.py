@@ -343,6 +343,34 @@ def fail(bind: Bind, c: Claim, code: ErrorCode, *, clock: Clock = DB_CLOCK) -> N
         )  # fmt: skip
 
 
+def expire_lost_lease(
+    bind: Bind, ns_id: bytes, job_id: bytes, lease_id: bytes, *, clock: Clock = DB_CLOCK
+) -> Job | None:
+    """Expire the lease of a claim whose process is known dead (a pool child lost by its
+    worker's main process, docs/archive-jobs.md "A dead pool child"): ``lease_until`` set one
+    second before the clock, by compare-and-set on that claim's own ``lease_id`` while RUNNING
+    with a live lease. A claim that moved on (chained, released, finished, taken over) has
+    another lease id or state: nothing matches and None is returned. The job stays RUNNING with
+    its ``attempts``, so the next claim is a takeover (whole-chain verify, leftovers removed,
+    the stall guard counts it), exactly as after the lease ran out by itself; ``revision`` and
+    ``updated_at`` are not touched (no claim, confirm or operator change). Returns the job as
+    it is after the write."""
+    with _transaction(bind) as conn:
+        result = conn.execute(
+            update(J)
+            .where(
+                _key(ns_id, job_id),
+                J.c.state == JobState.RUNNING.value,
+                J.c.lease_id == lease_id,
+                J.c.lease_until >= clock.sql(),
+            )
+            .values(lease_until=clock.sql(-1))
+        )
+        if result.rowcount != 1:
+            return None
+        return get_job(conn, ns_id, job_id)
+
+
 def _clear_plan(conn: Connection, job: Job) -> None:
     conn.execute(
         update(archive_plans)
