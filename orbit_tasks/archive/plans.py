@@ -219,3 +219,36 @@ def run_now_at(next_run_at: dt.datetime, interval_seconds: int, now: dt.datetime
     step = dt.timedelta(seconds=interval_seconds)
     k = -((now - next_run_at) // step)  # ceil((next_run_at - now) / step), microsecond exact
     return next_run_at - k * step
+
+
+# --- the catch-up, seen from the operator's side (issue 25 item 4) ------------------------------
+
+RATE_JOBS = 5  # the plan's most recent SUCCEEDED jobs that measure its rate
+
+
+def rate_of(roots: int, seconds: float) -> float | None:
+    """Roots per second of the plan's recent jobs (their roots over the time from each job's
+    creation to its success), or None when there is nothing measured."""
+    if roots <= 0 or seconds <= 0:
+        return None
+    return roots / seconds
+
+
+def jobs_for(estimated_bytes: int | None, roots: int, max_bytes: int) -> int | None:
+    """The fewest jobs that archive ``estimated_bytes`` at the budget ``max_bytes`` (None: no
+    estimate). Budget-sized ranges keep a safety margin below the budget, so the catch-up may
+    take a job or two more."""
+    if roots == 0:
+        return 0
+    if estimated_bytes is None:
+        return None
+    return max(1, -(-estimated_bytes // max_bytes))
+
+
+def eta_seconds(roots: int, rate: float | None) -> float | None:
+    """Seconds to archive ``roots`` at ``rate`` roots/s (None: unknown, no rate measured)."""
+    if roots == 0:
+        return 0.0
+    if rate is None:
+        return None
+    return roots / rate

@@ -92,11 +92,22 @@ def _range_view(job: Job) -> dict[str, Any] | None:
             rng = store.job_range(conn, job)
         except JobFailure:
             return None
+        cut = _range_cut(conn, job)
     fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
-    return {
+    view: dict[str, Any] = {
         "from": None if rng.from_ is None else rng.from_.strftime(fmt),
         "until": rng.until.strftime(fmt),
     }
+    if cut is not None:
+        view["cut"] = cut
+    return view
+
+
+def _range_cut(conn: Any, job: Job) -> dict[str, Any] | None:
+    """The seam of budget-sized ranges (issue 25 items 1 and 4): when the job's range was cut
+    short, ``{"until": <the effective end>, "reason": <why>}`` from the platform table of
+    effective ends; None until that table exists, and then the ``cut`` key is absent."""
+    return None
 
 
 @job_group.command("list")
@@ -160,7 +171,7 @@ def _show_text(data: dict[str, Any]) -> str:
         ("storage_id", data["storage_id"]),
         ("plan_revision", data["plan_revision"]),
         ("policy_revision", data["policy_revision"]),
-        ("range", "-" if rng is None else f"{rng['from'] or '(start)'} .. {rng['until']}"),
+        ("range", _range_text(rng)),
         ("batch_size", data["batch_size"]),
         ("max_bytes", f"{format_size(data['max_bytes'])} ({data['max_bytes']})"),
         ("batches", data["batches"]),
@@ -173,6 +184,16 @@ def _show_text(data: dict[str, Any]) -> str:
         *_statistics_text(data["statistics"]),
     ]
     return "\n".join(f"{key:<16}{value}" for key, value in rows)
+
+
+def _range_text(rng: dict[str, Any] | None) -> str:
+    if rng is None:
+        return "-"
+    text = f"{rng['from'] or '(start)'} .. {rng['until']}"
+    cut = rng.get("cut")
+    if cut is not None:
+        text += f"  (cut short at {cut['until']}: {cut['reason']})"
+    return text
 
 
 @job_group.command("watch")

@@ -179,6 +179,7 @@ def plan_show(ns: str, kind: str, as_json: bool) -> None:
             raise NotFound(f"namespace {namespace.name!r} has no {kind!r} plan")
         latest = plan_store.latest_policy_revision(conn, namespace.id, kind)
     data = _view(plan, namespace.name, latest, now)
+    data.update(_preview(plan).backlog())
     if as_json:
         emit(data, True)
         return
@@ -193,6 +194,7 @@ def plan_show(ns: str, kind: str, as_json: bool) -> None:
         f"max_bytes       {format_size(plan.max_bytes)} ({plan.max_bytes})",
         f"next_run_at     {data['next_run_at']}" + (" (due)" if data["due"] else ""),
         f"active_job_id   {data['active_job_id'] or '-'}",
+        f"backlog         {_backlog_text(data)}",
         f"policy          confirmed revision {plan.policy_revision}, latest {latest}"
         + ("" if data["policy_confirmed"] else "  ** POLICY UNCONFIRMED: no new jobs **"),
         f"created_at      {data['created_at']}",
@@ -263,6 +265,20 @@ def plan_preview_cmd(ns: str, kind: str, as_json: bool) -> None:
         conn.rollback()  # read only: nothing to commit
     job = plan_preview.prospective_job(plan, plan.updated_at)  # its scope: storage, ns, kind
     controls = plan_preview.controls_now(primary, job, settings, DB_CLOCK)
+    data = _preview(plan, controls).to_dict()
+    data["namespace"] = namespace.name
+    data["source"] = "primary" if src_engine is primary else "replica"
+    if as_json:
+        emit(data, True)
+        return
+    click.echo(_preview_text(data))
+
+
+def _preview(
+    plan: plan_store.Plan, controls: plan_preview.ControlsNow | None = None
+) -> plan_preview.Preview:
+    """The preview of ``plan``'s next job, read on the primary and the source; writes nothing."""
+    primary, src_engine = platform_engine(), source_engine()
     with primary.connect() as conn:
         if src_engine is primary:
             result = plan_preview.preview(conn, conn, plan, DB_CLOCK, controls=controls)
@@ -273,13 +289,23 @@ def plan_preview_cmd(ns: str, kind: str, as_json: bool) -> None:
                 )
                 src.rollback()
         conn.rollback()  # read only: nothing to commit
-    data = result.to_dict()
-    data["namespace"] = namespace.name
-    data["source"] = "primary" if src_engine is primary else "replica"
-    if as_json:
-        emit(data, True)
-        return
-    click.echo(_preview_text(data))
+    return result
+
+
+def _backlog_text(d: dict[str, Any]) -> str:
+    """One line of the catch-up: roots and bytes not yet archived, jobs, time at the rate."""
+    if d["backlog_roots"] == 0:
+        return "none (caught up)"
+    size = "-" if d["backlog_bytes"] is None else f"~{format_size(d['backlog_bytes'])}"
+    jobs = "?" if d["backlog_jobs"] is None else str(d["backlog_jobs"])
+    if d["backlog_eta_seconds"] is None:
+        eta = "time unknown (no SUCCEEDED job measured yet)"
+    else:
+        eta = (
+            f"~{format_duration(max(1, round(d['backlog_eta_seconds'])))} at "
+            f"{d['rate_roots_per_second']} roots/s"
+        )
+    return f"{d['backlog_roots']} roots, {size}, {jobs} job(s) at max_bytes, {eta}"
 
 
 def _preview_text(d: dict[str, Any]) -> str:
@@ -320,6 +346,7 @@ def _preview_text(d: dict[str, Any]) -> str:
         + ("" if d["policy_confirmed"] else "  ** POLICY UNCONFIRMED: no new jobs **"),
         f"due             {yes(d['due'])} (next_run_at {d['next_run_at']})",
         f"active_job      {active}",
+        f"backlog         {_backlog_text(d)}",
         f"next tick       {d['tick_action']}",
         f"controls        {_controls_text(d)}",
     ]

@@ -52,8 +52,35 @@ EXTRA_METRICS = (
     "orbit_archive_confirmed_files",
     "orbit_archive_claims",
     "orbit_archive_jobs_waiting",
+    "orbit_archive_plan_backlog_roots",
+    "orbit_archive_plan_backlog_seconds",
+    "orbit_archive_plan_interval_seconds",
 )
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
+
+
+@dataclass(frozen=True)
+class PlanBacklog:
+    """One enabled plan's backlog (issue 25 item 4): roots settled and not yet archived."""
+
+    namespace: str  # the namespace's name
+    kind: str
+    roots: float  # exact up to the probe's cap, extrapolated beyond it (backlog_roots)
+    behind_seconds: float  # the range's until - the oldest such root's settled time; 0 if none
+    interval_seconds: int
+
+
+def backlog_roots(
+    counted: int, cap: int, first: dt.datetime | None, last: dt.datetime | None,
+    until: dt.datetime,
+) -> float:  # fmt: skip
+    """The backlog's roots from a bounded probe of its first ``cap + 1`` roots (``counted``,
+    settled from ``first`` to ``last``): exact when ``counted <= cap``; else the probe's density
+    extrapolated to the range's ``until`` (a lower bound, ``counted``, when the probe spans no
+    time: a burst of roots in one microsecond)."""
+    if counted <= cap or first is None or last is None or last <= first:
+        return float(counted)
+    return counted * ((until - first) / (last - first))
 
 
 @dataclass(frozen=True)
@@ -74,6 +101,8 @@ class PlatformReading:
     claims: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
     # (storage, reason) -> PENDING jobs with an open wait (issue 16, docs/archive-controls.md)
     waiting: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
+    # every enabled plan's backlog (issue 25 item 4); refreshed every BACKLOG_SECONDS
+    backlogs: tuple[PlanBacklog, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -265,6 +294,19 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
             n = p.waiting.get((storage, reason.value), 0)
             waiting.add_metric([storage.hex(), reason.value], float(n))
     yield waiting
+    for name, doc, value in (
+        ("orbit_archive_plan_backlog_roots", "Roots settled and not yet archived by a SUCCEEDED "
+         "job of the plan (exact up to 100000, extrapolated beyond)", lambda b: b.roots),
+        ("orbit_archive_plan_backlog_seconds", "How far the plan's archive is behind: the "
+         "policy's until minus the oldest such root's settled time, 0 if none",
+         lambda b: b.behind_seconds),
+        ("orbit_archive_plan_interval_seconds", "The plan's interval",
+         lambda b: float(b.interval_seconds)),
+    ):  # fmt: skip
+        fam = GaugeMetricFamily(name, doc, labels=["namespace", "kind"])
+        for b in p.backlogs:
+            fam.add_metric([b.namespace, b.kind], value(b))
+        yield fam
 
 
 def _queues(b: BrokerReading, storages: Sequence[bytes]) -> Iterator[Metric]:

@@ -20,11 +20,18 @@ from typing import Any
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import make_url
 
-from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.archive.jobs import JobFailure, JobState
 from orbit_tasks.archive.store import controls as control_store
+from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.db.engine import db_now, is_mysql, make_engine
 from orbit_tasks.metrics import store
-from orbit_tasks.metrics.families import NEAR_DEADLINE, BusinessReading, PlatformReading
+from orbit_tasks.metrics.families import (
+    NEAR_DEADLINE,
+    BusinessReading,
+    PlanBacklog,
+    PlatformReading,
+    backlog_roots,
+)
 from orbit_tasks.sender.policy import OutboxState
 
 # Terminal jobs (SUCCEEDED, ABANDONED) never change again: counts up to a cut are recounted
@@ -34,6 +41,12 @@ from orbit_tasks.sender.policy import OutboxState
 # commit after a recount with an updated_at before the cut and be missed until the next recount.
 RECOUNT_SECONDS = 600.0
 SETTLE_SECONDS = 300
+# Plan backlogs (issue 25 item 4) are read every BACKLOG_SECONDS, each on its kind's settled
+# index up to BACKLOG_CAP + 1 entries (families.backlog_roots extrapolates beyond the cap).
+BACKLOG_SECONDS = 60.0
+BACKLOG_CAP = 100_000
+#: Sorts after every job id: the backlog starts after every SUCCEEDED job created until now.
+_AFTER_EVERY_JOB = b"\xff" * 16
 
 
 def bounded_engine(url: str, timeout: float) -> Engine:
@@ -105,6 +118,9 @@ class PlatformSource:
         self.settle = dt.timedelta(seconds=settle_seconds)
         self._tally: _Tally | None = None
         self.recounts = 0
+        self._backlogs: tuple[float, tuple[PlanBacklog, ...]] | None = None
+        self.backlog_seconds = BACKLOG_SECONDS
+        self.backlog_cap = BACKLOG_CAP
 
     def read(
         self, on_storages: Callable[[tuple[bytes, ...]], None] | None = None
@@ -127,8 +143,34 @@ class PlatformSource:
                 conn, storages, now - dt.timedelta(seconds=2 * self.tick_seconds)
             )
             waiting = control_store.waiting_counts(conn)
+            backlogs = self._plan_backlogs(conn, now)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
-        return replace(reading, waiting=waiting)
+        return replace(reading, waiting=waiting, backlogs=backlogs)
+
+    def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:
+        """Every enabled plan's backlog, read again every ``backlog_seconds``: the range a job
+        created now would have (its ``from`` = the greatest archived end, SPEC §5), probed on
+        the kind's settled index up to BACKLOG_CAP + 1 roots. A plan whose policy revision row
+        is gone is left out."""
+        cached = self._backlogs
+        if cached is not None and self.clock() - cached[0] < self.backlog_seconds:
+            return cached[1]
+        out = []
+        for plan in store.enabled_plans(conn):
+            try:
+                rng = job_store.range_at(
+                    conn, plan.namespace_id, plan.kind, plan.policy_revision, now,
+                    _AFTER_EVERY_JOB,
+                )  # fmt: skip
+            except JobFailure:
+                continue
+            cap = self.backlog_cap
+            probe = store.backlog_probe(conn, plan.kind, plan.namespace_id, rng, cap)
+            roots = backlog_roots(probe.counted, cap, probe.first, probe.last, rng.until)
+            behind = 0.0 if probe.first is None else (rng.until - probe.first).total_seconds()
+            out.append(PlanBacklog(plan.namespace, plan.kind, roots, behind, plan.interval_seconds))
+        self._backlogs = (self.clock(), tuple(out))
+        return self._backlogs[1]
 
     def _terminal_tally(self, conn: Connection, now: dt.datetime) -> _Tally:
         tally = self._tally

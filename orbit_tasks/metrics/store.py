@@ -23,8 +23,10 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
 
 from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
-from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages
+from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages, namespaces
+from orbit_tasks.platform.history import history_kind
 from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender import store as sender_store
 
@@ -237,3 +239,66 @@ def active_outbox(
 
 def terminal_outbox(conn: Connection) -> list[Any]:
     return list(conn.execute(terminal_outbox_query()))
+
+
+# --- plan backlogs (issue 25 item 4) --------------------------------------------------------------
+
+
+class PlanRow(NamedTuple):
+    namespace_id: bytes
+    namespace: str
+    kind: str
+    policy_revision: int
+    interval_seconds: int
+
+
+def enabled_plans(conn: Connection) -> list[PlanRow]:
+    """Every enabled plan with its namespace's name (the backlog gauge's labels)."""
+    query = (
+        select(P.namespace_id, namespaces.c.name, P.kind, P.policy_revision, P.interval_seconds)
+        .join(namespaces, namespaces.c.id == P.namespace_id)
+        .where(P.enabled == true())
+        .order_by(P.namespace_id, P.kind)
+    )
+    return [
+        PlanRow(bytes(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]))
+        for r in conn.execute(query)
+    ]
+
+
+class BacklogProbe(NamedTuple):
+    """The first ``cap + 1`` roots of a backlog range at most: how many were read, and the
+    settled times of the first and the last of them (None: the range is empty)."""
+
+    counted: int
+    first: dt.datetime | None
+    last: dt.datetime | None
+
+
+def backlog_probe(
+    conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange, cap: int
+) -> BacklogProbe:
+    """Roots of ``kind`` with ``from <= settled < until``, counted on the kind's settled index
+    (namespace_id, settled, id) up to ``cap + 1`` entries: a bounded read, however long the
+    backlog (``families.backlog_roots`` extrapolates beyond the cap)."""
+    if rng.empty:
+        return BacklogProbe(0, None, None)
+    row = conn.execute(backlog_probe_query(kind, ns_id, rng, cap)).one()
+    return BacklogProbe(int(row[0]), row[1], row[2])
+
+
+def backlog_probe_query(kind: str, ns_id: bytes, rng: ArchiveRange, cap: int) -> Select[Any]:
+    """The statement of :func:`backlog_probe`."""
+    hk = history_kind(kind)
+    cond = [hk.root.c.namespace_id == ns_id, hk.settled < rng.until]
+    if rng.from_ is not None:
+        cond.append(hk.settled >= rng.from_)
+    first = (
+        select(hk.settled.label("settled"))
+        .where(*cond)
+        .order_by(hk.settled, hk.root.c.id)
+        .limit(cap + 1)
+        .subquery()
+    )
+    columns: list[Any] = [func.count(), func.min(first.c.settled), func.max(first.c.settled)]
+    return select(*columns)

@@ -204,7 +204,8 @@ def test_preview_text_and_json_shape(
     keys = [line.split()[0] for line in proc.stdout.splitlines()]
     assert keys == [
         "plan", "now", "range", "roots", "children", "bytes", "files", "max_bytes",
-        "batch_size", "source", "enabled", "policy", "due", "active_job", "next", "controls",
+        "batch_size", "source", "enabled", "policy", "due", "active_job", "backlog", "next",
+        "controls",
     ]  # fmt: skip
 
 

@@ -28,6 +28,7 @@ REQUIRED = {
     "OrbitArchiveLeasesExpired",
     "OrbitArchiveJobsFailed",
     "OrbitArchivePlansOverdue",
+    "OrbitArchiveBacklogNotShrinking",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",

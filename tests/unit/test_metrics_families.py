@@ -13,8 +13,10 @@ from orbit_tasks.metrics.families import (
     METRIC_NAMES,
     BrokerReading,
     BusinessReading,
+    PlanBacklog,
     PlatformReading,
     Snapshot,
+    backlog_roots,
     build,
     consumers_of,
 )
@@ -49,6 +51,7 @@ def _platform(**changes: Any) -> PlatformReading:
         leases_expired={},
         pending_since={A: NOW - dt.timedelta(seconds=90)},
         plans_overdue={B: 2},
+        backlogs=(PlanBacklog("acme", "events", 120.0, 3600.0, 86400),),
     )
     base.update(changes)
     return PlatformReading(**base)
@@ -96,6 +99,25 @@ def test_every_contract_metric_with_its_labels() -> None:
     assert labels["orbit_outbox_rows_near_deadline"] == {()}
     assert labels["orbit_outbox_queue_held_seconds"] == {("namespace_id", "queue_id")}
     assert set(CONTRACT_METRICS) <= names(m)
+    for name in (
+        "orbit_archive_plan_backlog_roots",
+        "orbit_archive_plan_backlog_seconds",
+        "orbit_archive_plan_interval_seconds",
+    ):
+        assert labels[name] == {("kind", "namespace")}
+    assert value(m, "orbit_archive_plan_backlog_roots", namespace="acme", kind="events") == 120
+    assert value(m, "orbit_archive_plan_backlog_seconds", namespace="acme", kind="events") == 3600
+
+
+def test_backlog_roots_is_exact_up_to_the_cap_and_extrapolated_beyond() -> None:
+    t0 = dt.datetime(2026, 1, 1)
+    day = dt.timedelta(days=1)
+    assert backlog_roots(0, 10, None, None, t0) == 0
+    assert backlog_roots(10, 10, t0, t0 + day, t0 + 9 * day) == 10  # within the cap: exact
+    # 11 roots probed over the first day of a 10-day range: the density over the whole range
+    assert backlog_roots(11, 10, t0, t0 + day, t0 + 10 * day) == 110
+    # a burst in one microsecond spans no time: the probe is a lower bound
+    assert backlog_roots(11, 10, t0, t0, t0 + day) == 11
 
 
 def test_all_five_states_per_existing_storage_and_kind_and_zeros_per_storage() -> None:

@@ -28,6 +28,7 @@ ALERTS = [
     "OrbitArchiveLeasesExpired",
     "OrbitArchiveJobsFailed",
     "OrbitArchivePlansOverdue",
+    "OrbitArchiveBacklogNotShrinking",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",

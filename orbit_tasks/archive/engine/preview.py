@@ -120,6 +120,7 @@ class Preview:
     estimate: Estimate | None = None
     controls: ControlsNow = field(default_factory=ControlsNow)
     replica_beat_at: datetime | None = None  # the tick beat the replica shows (with a replica)
+    rate: float | None = None  # roots/s of the plan's recent SUCCEEDED jobs (None: none yet)
 
     @property
     def policy_confirmed(self) -> bool:
@@ -163,7 +164,26 @@ class Preview:
             "tick_action": self.tick_action.value,
             **self.controls.to_dict(),
             "replica_beat_at": _ts(self.replica_beat_at),
+            **self.backlog(),
         }
+
+    def backlog(self) -> dict[str, Any]:
+        """The catch-up (issue 25 item 4): the roots settled and not yet archived (the range of
+        a job created now starts at the greatest archived end), their estimated bytes, the
+        fewest jobs at the plan's budget, and the time at the plan's measured rate."""
+        est = self.estimate
+        size = None if est is None else est.bytes
+        return {
+            "backlog_roots": self.roots,
+            "backlog_bytes": size,
+            "backlog_jobs": plan_rules.jobs_for(size, self.roots, self.plan.max_bytes),
+            "rate_roots_per_second": None if self.rate is None else round(self.rate, 1),
+            "backlog_eta_seconds": _round(plan_rules.eta_seconds(self.roots, self.rate)),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _ts(value: datetime | None) -> str | None:
@@ -201,11 +221,12 @@ def preview(
         active = job_store.get_job(primary, ns_id, plan.active_job_id)
         active_state = None if active is None else active.state.value
     job = prospective_job(plan, now)
+    rate = plan_rules.rate_of(*plan_store.recent_successes(primary, ns_id, kind))
     ctl = controls or ControlsNow()
     beat = source.replica_beat(src) if replica else None
     base = Preview(
         kind, now, plan, latest, state, action, active_state, None,
-        controls=ctl, replica_beat_at=beat,
+        controls=ctl, replica_beat_at=beat, rate=rate,
     )  # fmt: skip
     try:
         rng = job_store.range_at(primary, ns_id, kind, plan.policy_revision, now, PREVIEW_JOB_ID)
@@ -218,8 +239,9 @@ def preview(
     except JobFailure:  # SOURCE_INVALID / ROOT_TOO_LARGE: the job would fail; no estimate
         est = None
     return Preview(
-        kind, now, plan, latest, state, action, active_state, rng, roots, children, est, ctl, beat
-    )
+        kind, now, plan, latest, state, action, active_state, rng, roots, children, est, ctl, beat,
+        rate,
+    )  # fmt: skip
 
 
 def prospective_job(plan: plan_store.Plan, now: datetime) -> Job:

@@ -436,6 +436,29 @@ def run_plan(
     return RunPlanResult(current, plan.next_run_at, after)
 
 
+def recent_successes(
+    conn: Connection, ns_id: bytes, kind: str, limit: int = plans.RATE_JOBS
+) -> tuple[int, float]:
+    """(roots, seconds) summed over the ``limit`` most recent SUCCEEDED jobs of (namespace, kind)
+    that archived roots, each from its creation to its success (``updated_at``), newest first on
+    ``ix_archive_job_list`` (namespace_id, created_at, id): the plan's measured rate
+    (``plans.rate_of``) includes every per-job cost and wait an operator sees."""
+    rows = conn.execute(
+        select(J.roots, J.created_at, J.updated_at)
+        .where(
+            J.namespace_id == ns_id,
+            J.kind == kind,
+            J.state == "SUCCEEDED",
+            J.roots > 0,
+        )
+        .order_by(J.created_at.desc(), J.id.desc())
+        .limit(limit)
+    ).all()
+    roots = sum(int(r.roots) for r in rows)
+    seconds = sum((r.updated_at - r.created_at).total_seconds() for r in rows)
+    return roots, seconds
+
+
 # --- ticks (SPEC §4, §7): a bounded number of statements per page of due plans --------------
 
 DueCursor = tuple[dt.datetime, bytes, str]
