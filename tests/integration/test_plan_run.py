@@ -17,14 +17,17 @@ import pytest
 from sqlalchemy import Engine, func, select, update
 
 from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
-from orbit_tasks.db.platform_tables import archive_plans
+from orbit_tasks.db.platform_tables import archive_plans, namespaces
+from orbit_tasks.errors import IllegalState
 from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
     assert_succeeded_exactly,
     create_job,
+    make_due,
     make_namespace,
     make_plan,
     make_volume,
@@ -149,3 +152,27 @@ def test_plan_run_archives_now_through_real_workers_without_waiting_for_the_inte
     assert job.roots > 0
     plan, audits = _state(ae, ns)
     assert audits == 1 and plan.next_run_at == scheduled and plan.active_job_id is None
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "READ COMMITTED", "SERIALIZABLE"])
+def test_plan_run_sees_the_job_a_tick_committed_after_its_snapshot(
+    ae: ArchiveEnv, isolation: str
+) -> None:
+    """The refusal is decided on the committed plan row (a locking read), not on the
+    transaction's snapshot: a tick that created a job after the snapshot is seen, and the run
+    is refused with nothing written, at every isolation level."""
+    name = "iso-" + isolation.split()[0].lower()
+    ns, _ = _setup(ae, name)
+    make_due(ae.engine, ns, "tasks")
+    with ae.engine.connect() as raw:
+        conn = raw.execution_options(isolation_level=isolation)
+        with conn.begin():
+            # the snapshot: the plan is due and has no active job (a namespace read: at
+            # SERIALIZABLE a plan read would share-lock the row the tick must write)
+            conn.execute(select(namespaces.c.state).where(namespaces.c.id == ns)).one()
+            job = create_job(ae, ns, "tasks")  # another transaction commits the job
+            with pytest.raises(IllegalState, match="active job"):
+                plan_store.run_plan(conn, ns, "tasks", now=db_now(conn), actor="test")
+            conn.rollback()
+    plan, audits = _state(ae, ns)
+    assert audits == 0 and plan.active_job_id == job.id
