@@ -95,11 +95,13 @@ def test_a_sigkilled_pool_child_is_taken_over_in_seconds_and_the_job_verifies(
     took = time.monotonic() - killed_at
     assert after.lease_id != mark.lease_id
     assert w.proc.poll() is None  # the main process lived on
-    assert "archive.job.child_lost" in w.text()
-    assert "archive.job.takeover" in w.text()
     done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90, wake=False)
     assert done.state is JobState.SUCCEEDED, done
     assert_succeeded_exactly(ae, done, vol)
+    # the claim is in the database before its log line: read the log once the job is done
+    wait_for(lambda: "archive.job.takeover" in w.text(), 10, "the takeover's log line")
+    assert "archive.job.child_lost" in w.text()
+    assert _held_mark(ae, job) is None  # the dead child's mark is gone, the live one emptied
     # stall accounting: the takeover is one more attempt, counted like a lease that ran out
     assert done.attempts >= at_kill.attempts + 1
     print(f"takeover {took:.2f} s after the SIGKILL (lease {LEASE} s)")
