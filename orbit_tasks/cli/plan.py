@@ -179,7 +179,7 @@ def plan_show(ns: str, kind: str, as_json: bool) -> None:
             raise NotFound(f"namespace {namespace.name!r} has no {kind!r} plan")
         latest = plan_store.latest_policy_revision(conn, namespace.id, kind)
     data = _view(plan, namespace.name, latest, now)
-    data.update(_preview(plan).backlog())
+    data.update(_preview(plan, children=False).backlog())
     if as_json:
         emit(data, True)
         return
@@ -275,17 +275,19 @@ def plan_preview_cmd(ns: str, kind: str, as_json: bool) -> None:
 
 
 def _preview(
-    plan: plan_store.Plan, controls: plan_preview.ControlsNow | None = None
+    plan: plan_store.Plan, controls: plan_preview.ControlsNow | None = None, children: bool = True
 ) -> plan_preview.Preview:
     """The preview of ``plan``'s next job, read on the primary and the source; writes nothing."""
     primary, src_engine = platform_engine(), source_engine()
     with primary.connect() as conn:
         if src_engine is primary:
-            result = plan_preview.preview(conn, conn, plan, DB_CLOCK, controls=controls)
+            result = plan_preview.preview(
+                conn, conn, plan, DB_CLOCK, controls=controls, children=children
+            )
         else:
             with src_engine.connect() as src:
                 result = plan_preview.preview(
-                    conn, src, plan, DB_CLOCK, controls=controls, replica=True
+                    conn, src, plan, DB_CLOCK, controls=controls, replica=True, children=children
                 )
                 src.rollback()
         conn.rollback()  # read only: nothing to commit
@@ -294,6 +296,8 @@ def _preview(
 
 def _backlog_text(d: dict[str, Any]) -> str:
     """One line of the catch-up: roots and bytes not yet archived, jobs, time at the rate."""
+    if d["backlog_roots"] is None:
+        return "-  (no range: the plan's policy revision row is gone)"
     if d["backlog_roots"] == 0:
         return "none (caught up)"
     size = "-" if d["backlog_bytes"] is None else f"~{format_size(d['backlog_bytes'])}"

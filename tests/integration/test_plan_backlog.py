@@ -9,11 +9,11 @@ import math
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, delete, insert
 
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.engine import db_now
-from orbit_tasks.db.platform_tables import archive_jobs
+from orbit_tasks.db.platform_tables import archive_jobs, archive_policies
 from orbit_tasks.ids import new_id
 from orbit_tasks.metrics import store
 from orbit_tasks.metrics.sources import PlatformSource
@@ -130,3 +130,18 @@ def test_job_show_says_when_a_range_was_cut_short_and_nothing_otherwise() -> Non
     cut = {**rng, "cut": {"until": "2026-01-01T00:00:00.000000Z", "reason": "max_bytes"}}
     assert _range_text(cut).endswith("(cut short at 2026-01-01T00:00:00.000000Z: max_bytes)")
     assert _range_text(None) == "-"
+
+
+def test_without_its_policy_row_the_backlog_is_unknown_not_zero(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    ns, _ = _setup(platform_engine, tmp_path, "nopolicy", 20)
+    with platform_engine.begin() as conn:
+        conn.execute(delete(archive_policies).where(archive_policies.c.namespace_id == ns))
+    env = orbit_env(mariadb_url)
+    doc = invoke_json(["plan", "show", "nopolicy", "tasks"], env)
+    assert doc["backlog_roots"] is None and doc["backlog_jobs"] is None
+    assert doc["backlog_eta_seconds"] is None
+    text = invoke_orbit(["plan", "preview", "nopolicy", "tasks"], env)
+    assert text.exit_code == 0, text.stderr
+    assert "backlog         -  (no range" in text.stdout

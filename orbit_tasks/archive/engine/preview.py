@@ -36,6 +36,10 @@ from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import Clock
 from orbit_tasks.settings import Settings
 
+BACKLOG_FIELDS = (
+    "backlog_roots", "backlog_bytes", "backlog_jobs", "rate_roots_per_second",
+    "backlog_eta_seconds",
+)  # fmt: skip
 SAMPLE_POINTS = 8  # evenly spaced settled times of the range
 SAMPLE_ROOTS = 128  # at most, in total (>= the largest batch size, 100)
 #: Sorts after every real job id: a job created now follows every job created before it.
@@ -171,6 +175,8 @@ class Preview:
         """The catch-up (issue 25 item 4): the roots settled and not yet archived (the range of
         a job created now starts at the greatest archived end), their estimated bytes, the
         fewest jobs at the plan's budget, and the time at the plan's measured rate."""
+        if self.range is None:  # POLICY_MISSING: no range, so no backlog to tell
+            return dict.fromkeys(BACKLOG_FIELDS)
         est = self.estimate
         size = None if est is None else est.bytes
         return {
@@ -198,11 +204,13 @@ def preview(
     *,
     controls: ControlsNow | None = None,
     replica: bool = False,
+    children: bool = True,
 ) -> Preview:
     """The preview of ``plan``'s next job: plans, policies and jobs read on ``primary``, the
     source on ``src`` (the same connection without a replica; ``replica``: it is one, and its
     heartbeat is shown). ``controls``: :func:`controls_now` of the prospective job
-    (:func:`prospective_job`). Reads only."""
+    (:func:`prospective_job`). ``children``: count the range's child rows too (``plan show``,
+    which needs only the backlog, leaves them out). Reads only."""
     now = clock.now(primary)
     ns_id, kind = plan.namespace_id, plan.kind
     latest = plan_store.latest_policy_revision(primary, ns_id, kind)
@@ -233,13 +241,13 @@ def preview(
     except JobFailure:  # POLICY_MISSING: a job created now would fail at its first claim
         return base
     roots = source.count_roots(src, kind, ns_id, rng)
-    children = source.count_children(src, kind, ns_id, rng)
+    kids = source.count_children(src, kind, ns_id, rng) if children else {}
     try:
         est: Estimate | None = estimate(src, job, rng, roots)
     except JobFailure:  # SOURCE_INVALID / ROOT_TOO_LARGE: the job would fail; no estimate
         est = None
     return Preview(
-        kind, now, plan, latest, state, action, active_state, rng, roots, children, est, ctl, beat,
+        kind, now, plan, latest, state, action, active_state, rng, roots, kids, est, ctl, beat,
         rate,
     )  # fmt: skip
 
