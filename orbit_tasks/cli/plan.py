@@ -15,6 +15,7 @@ from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.wakeups import publish_tick
 from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, iso_utc, json_option
 from orbit_tasks.db.engine import DB_CLOCK, db_now
+from orbit_tasks.db.faults import is_transient_db
 from orbit_tasks.db.registry import platform_engine, source_engine
 from orbit_tasks.errors import NotFound
 from orbit_tasks.ids import from_hex
@@ -179,7 +180,7 @@ def plan_show(ns: str, kind: str, as_json: bool) -> None:
             raise NotFound(f"namespace {namespace.name!r} has no {kind!r} plan")
         latest = plan_store.latest_policy_revision(conn, namespace.id, kind)
     data = _view(plan, namespace.name, latest, now)
-    data.update(_preview(plan, children=False).backlog())
+    data.update(_show_backlog(plan))
     if as_json:
         emit(data, True)
         return
@@ -294,8 +295,22 @@ def _preview(
     return result
 
 
+def _show_backlog(plan: plan_store.Plan) -> dict[str, Any]:
+    """``plan show``'s backlog; a source that does not answer (a replica that is down) leaves
+    it unknown, with the reason, and the plan is still shown."""
+    try:
+        return _preview(plan, children=False).backlog()
+    except Exception as exc:
+        if not is_transient_db(exc):
+            raise
+        unknown = dict.fromkeys(plan_preview.BACKLOG_FIELDS)
+        return {**unknown, "backlog_unavailable": f"source unreachable ({type(exc).__name__})"}
+
+
 def _backlog_text(d: dict[str, Any]) -> str:
     """One line of the catch-up: roots and bytes not yet archived, jobs, time at the rate."""
+    if d.get("backlog_unavailable"):
+        return f"-  ({d['backlog_unavailable']})"
     if d["backlog_roots"] is None:
         return "-  (no range: the plan's policy revision row is gone)"
     if d["backlog_roots"] == 0:

@@ -21,6 +21,7 @@ from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.integration.test_plan_preview import sql_counts
 from tests.support.archive_jobs import make_namespace, make_plan, make_volume, seed
 from tests.support.cli import invoke_json, invoke_orbit, orbit_env
+from tests.support.metrics import free_port
 
 pytestmark = pytest.mark.mariadb
 
@@ -145,3 +146,18 @@ def test_without_its_policy_row_the_backlog_is_unknown_not_zero(
     text = invoke_orbit(["plan", "preview", "nopolicy", "tasks"], env)
     assert text.exit_code == 0, text.stderr
     assert "backlog         -  (no range" in text.stdout
+
+
+def test_plan_show_with_its_source_down_shows_the_plan_and_an_unknown_backlog(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    _setup(platform_engine, tmp_path, "srcdown", 5)
+    port = free_port(range(20000, 20100))  # nothing listens there: connection refused
+    env = orbit_env(
+        mariadb_url, ORBIT_ARCHIVE_SOURCE_URL=f"mysql+mysqldb://root@127.0.0.1:{port}/x"
+    )
+    doc = invoke_json(["plan", "show", "srcdown", "tasks"], env)
+    assert doc["kind"] == "tasks" and doc["backlog_roots"] is None
+    assert doc["backlog_unavailable"] == "source unreachable (OperationalError)"
+    text = invoke_orbit(["plan", "show", "srcdown", "tasks"], env)
+    assert text.exit_code == 0 and "backlog         -  (source unreachable" in text.stdout
