@@ -41,9 +41,11 @@ from orbit_tasks.sender.policy import OutboxState
 # commit after a recount with an updated_at before the cut and be missed until the next recount.
 RECOUNT_SECONDS = 600.0
 SETTLE_SECONDS = 300
-# Plan backlogs (issue 25 item 4) are read every BACKLOG_SECONDS, each on its kind's settled
-# index up to BACKLOG_CAP + 1 entries (families.backlog_roots extrapolates beyond the cap).
+# Plan backlogs (issue 25 item 4): each plan is probed again once its value is BACKLOG_SECONDS
+# old, on its kind's settled index up to BACKLOG_CAP + 1 entries (families.backlog_roots
+# extrapolates beyond the cap); a refresh spends at most BACKLOG_BUDGET_SECONDS on probes.
 BACKLOG_SECONDS = 60.0
+BACKLOG_BUDGET_SECONDS = 1.0
 BACKLOG_CAP = 100_000
 #: Sorts after every job id: the backlog starts after every SUCCEEDED job created until now.
 _AFTER_EVERY_JOB = b"\xff" * 16
@@ -118,8 +120,10 @@ class PlatformSource:
         self.settle = dt.timedelta(seconds=settle_seconds)
         self._tally: _Tally | None = None
         self.recounts = 0
-        self._backlogs: tuple[float, tuple[PlanBacklog, ...]] | None = None
+        # (namespace id, kind) -> (when probed, its backlog; None: no range)
+        self._probed: dict[tuple[bytes, str], tuple[float, PlanBacklog | None]] = {}
         self.backlog_seconds = BACKLOG_SECONDS
+        self.backlog_budget = BACKLOG_BUDGET_SECONDS
         self.backlog_cap = BACKLOG_CAP
 
     def read(
@@ -148,29 +152,42 @@ class PlatformSource:
         return replace(reading, waiting=waiting, backlogs=backlogs)
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:
-        """Every enabled plan's backlog, read again every ``backlog_seconds``: the range a job
-        created now would have (its ``from`` = the greatest archived end, SPEC §5), probed on
-        the kind's settled index up to BACKLOG_CAP + 1 roots. A plan whose policy revision row
-        is gone is left out."""
-        cached = self._backlogs
-        if cached is not None and self.clock() - cached[0] < self.backlog_seconds:
-            return cached[1]
-        out = []
-        for plan in store.enabled_plans(conn):
-            try:
-                rng = job_store.range_at(
-                    conn, plan.namespace_id, plan.kind, plan.policy_revision, now,
-                    _AFTER_EVERY_JOB,
-                )  # fmt: skip
-            except JobFailure:
-                continue
-            cap = self.backlog_cap
-            probe = store.backlog_probe(conn, plan.kind, plan.namespace_id, rng, cap)
-            roots = backlog_roots(probe.counted, cap, probe.first, probe.last, rng.until)
-            behind = 0.0 if probe.first is None else (rng.until - probe.first).total_seconds()
-            out.append(PlanBacklog(plan.namespace, plan.kind, roots, behind, plan.interval_seconds))
-        self._backlogs = (self.clock(), tuple(out))
-        return self._backlogs[1]
+        """Every enabled plan's backlog: the range a job created now would have (its ``from`` =
+        the greatest archived end, SPEC §5), probed on the kind's settled index up to
+        ``backlog_cap + 1`` roots. A plan is probed again once its value is ``backlog_seconds``
+        old, the oldest first, and one refresh spends at most ``backlog_budget`` seconds on
+        probes (at least one): a fleet of many plans is probed over several refreshes, never
+        past the exporter's deadline. A plan whose policy revision row is gone is left out."""
+        plans = store.enabled_plans(conn)
+        enabled = {(p.namespace_id, p.kind) for p in plans}
+        self._probed = {k: v for k, v in self._probed.items() if k in enabled}
+        started = self.clock()
+        for i, plan in enumerate(sorted(plans, key=self._probe_age)):
+            key = (plan.namespace_id, plan.kind)
+            if key in self._probed and started - self._probed[key][0] < self.backlog_seconds:
+                break  # the rest are fresher still
+            if i > 0 and self.clock() - started >= self.backlog_budget:
+                break
+            self._probed[key] = (self.clock(), self._probe(conn, plan, now))
+        found = (self._probed.get((p.namespace_id, p.kind)) for p in plans)
+        return tuple(b for f in found if f is not None and (b := f[1]) is not None)
+
+    def _probe_age(self, plan: store.PlanRow) -> float:
+        """When the plan was probed last (never: first of all)."""
+        return self._probed.get((plan.namespace_id, plan.kind), (-math.inf, None))[0]
+
+    def _probe(self, conn: Connection, plan: store.PlanRow, now: dt.datetime) -> PlanBacklog | None:
+        try:
+            rng = job_store.range_at(
+                conn, plan.namespace_id, plan.kind, plan.policy_revision, now, _AFTER_EVERY_JOB
+            )
+        except JobFailure:
+            return None
+        cap = self.backlog_cap
+        probe = store.backlog_probe(conn, plan.kind, plan.namespace_id, rng, cap)
+        roots = backlog_roots(probe.counted, cap, probe.first, probe.last, rng.until)
+        behind = 0.0 if probe.first is None else (rng.until - probe.first).total_seconds()
+        return PlanBacklog(plan.namespace, plan.kind, roots, behind, plan.interval_seconds)
 
     def _terminal_tally(self, conn: Connection, now: dt.datetime) -> _Tally:
         tally = self._tally

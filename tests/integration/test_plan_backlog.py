@@ -161,3 +161,29 @@ def test_plan_show_with_its_source_down_shows_the_plan_and_an_unknown_backlog(
     assert doc["backlog_unavailable"] == "source unreachable (OperationalError)"
     text = invoke_orbit(["plan", "show", "srcdown", "tasks"], env)
     assert text.exit_code == 0 and "backlog         -  (source unreachable" in text.stdout
+
+
+def test_a_refresh_spends_its_budget_and_the_next_ones_probe_the_rest_oldest_first(
+    platform_engine: Engine, tmp_path: Path
+) -> None:
+    for name in ("one", "two", "three"):
+        _setup(platform_engine, tmp_path, name, 3)
+    clock = [0.0]
+    source = PlatformSource(platform_engine, tick_seconds=60, clock=lambda: clock[0])
+    source.backlog_budget = 0.0  # one probe per refresh
+
+    def seen() -> list[str]:
+        return sorted(b.namespace for b in source.read().backlogs)
+
+    assert len(seen()) == 1
+    clock[0] = 1.0
+    assert len(seen()) == 2
+    clock[0] = 2.0
+    assert seen() == ["one", "three", "two"]
+    assert seen() == ["one", "three", "two"]  # all fresh: nothing probed
+    probed = dict(source._probed)
+    assert sorted(t for t, _ in probed.values()) == [0.0, 1.0, 2.0]
+    clock[0] = 62.5  # every value is old now: the oldest is probed again, one per refresh
+    seen()
+    again = [k for k in probed if source._probed[k][0] == 62.5]
+    assert len(again) == 1 and probed[again[0]][0] == 0.0
