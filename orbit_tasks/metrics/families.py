@@ -101,7 +101,7 @@ class PlatformReading:
     claims: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
     # (storage, reason) -> PENDING jobs with an open wait (issue 16, docs/archive-controls.md)
     waiting: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
-    # every enabled plan's backlog (issue 25 item 4); refreshed every BACKLOG_SECONDS
+    # every enabled plan's backlog (issue 25 item 4), probed as metrics/sources.py says
     backlogs: tuple[PlanBacklog, ...] = ()
 
 
