@@ -28,6 +28,7 @@ LIST_COLUMNS = [
     "send_count",
     "wake_at",
     "task_id",
+    "queue_held_until",
 ]
 
 logger = logging.getLogger("orbit.cli.sender")
@@ -112,6 +113,16 @@ def sender_list(
             after=cursor,
             unresolved=unresolved,
         )
+        now = db_now(conn)
+        # A Retry-After hold still running on a row's queue (as `sender show` says): the row is
+        # not claimed before it, by any sender process. Holds are one row per queue, few.
+        held = {
+            (h.namespace_id, h.queue_id): h.held_until
+            for h in sender_holds.running_holds(conn, now)
+        }
+    for r in found:
+        unsent = r["state"] in (policy.OutboxState.PENDING, policy.OutboxState.SENDING)
+        r["queue_held_until"] = held.get((r["namespace_id"], r["queue_id"])) if unsent else None
     page = [_plain(r) for r in found[:limit]]
     more = len(found) > limit
     next_cursor = f"{page[-1]['namespace_id']}:{page[-1]['operation_id']}" if more else None

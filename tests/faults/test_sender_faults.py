@@ -422,6 +422,15 @@ def test_a_hold_is_honoured_by_every_sender_process_and_shown(
         )
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["queue_held_until"] is not None
+        listed = run_orbit(["sender", "list", "--json"], orbit_env(world.platform_url, url))
+        assert listed.returncode == 0, listed.stderr
+        held = {
+            i["operation_id"]: i["queue_held_until"] for i in json.loads(listed.stdout)["items"]
+        }
+        assert (
+            held[ops[1]] is not None
+            and held[ops[1]] == json.loads(shown.stdout)["queue_held_until"]
+        )
         drive(second, engine, timeout=30, pause=0.2)
         second.client.close()
     check_invariants(engine, world.platform, require_accepted=True)
