@@ -31,6 +31,7 @@ SCRIPTS = [
     "s3_throughput",
     "archive_controls",
     "archive_from_tick",
+    "replica_check",
 ]
 
 
