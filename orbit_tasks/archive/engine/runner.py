@@ -129,12 +129,12 @@ def run_job(
     publish: Publisher | None = None,
     clock: Clock = DB_CLOCK,
 ) -> Outcome:
-    """Handle one wake-up; plans, leases and confirms on ``engine`` (the platform database),
-    the manifest's count and every batch read on ``source_engine`` (``ORBIT_ARCHIVE_SOURCE_URL``,
-    a replica; default: the registry's source when ``engine`` is the registry's too, else
-    ``engine``). Returns an outcome word (for logs and tests): ``missing``, ``not_mounted``,
-    ``not_claimed``, ``waiting``, ``succeeded``, ``failed``, ``released``, ``stopped``,
-    ``lease_lost``, ``transient``."""
+    """Handle one wake-up; plans, leases, confirms and the manifest's count on ``engine`` (the
+    platform database), every batch read on ``source_engine`` (``ORBIT_ARCHIVE_SOURCE_URL``, a
+    replica, each chunk checked against ``engine``; default: the registry's source when
+    ``engine`` is the registry's too, else ``engine``). Returns an outcome word (for logs and
+    tests): ``missing``, ``not_mounted``, ``not_claimed``, ``waiting``, ``succeeded``,
+    ``failed``, ``released``, ``stopped``, ``lease_lost``, ``transient``."""
     started = time.monotonic()
     if engine is None:
         engine = platform_engine()

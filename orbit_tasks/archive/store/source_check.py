@@ -9,20 +9,21 @@ or added after the last one on the replica is counted too), and every child row 
 (joined exactly as :func:`source.children_query` joins them). Every root and every child row is
 covered; nothing is sampled.
 
-A row's digest is ``CRC32(CONCAT_WS('#', v1, .., vn, nulls, len1, .., lenk))``: the values as
-stored (a binary's bytes, a datetime cast to text, integers in decimal, text as stored -- no
-spelling function, which doubled the statement's cost), the NULL flags of the nullable columns
-(``CONCAT_WS`` skips NULLs), and the character length of every text column (a ``#`` moved from
-one text column to the next changes a length). The worker turns the hot read's spelling back
-(hex to bytes, the archive's timestamp to the server's). A table's digest is ``COUNT(*)`` and
-``BIT_XOR`` of the row digests (pt-table-checksum's): one changed row changes the XOR unless its
-CRC32 collides (2^-32); a row missing or added changes the count.
+A row's digest is ``CRC32(CONCAT_WS('#', v1, .., vn, nulls, len1, .., lenk))``: the values
+nearly as stored (a binary as ``HEX``, a datetime cast to text, integers in decimal, text as
+stored -- the hot read's spelling functions doubled the statement's cost), the NULL flags of the
+nullable columns (``CONCAT_WS`` skips NULLs), and the character length of every text column (a
+``#`` moved from one text column to the next changes a length). The worker turns the hot read's
+spelling into the server's (hex upper-cased, the archive's timestamp back to the server's). A
+table's digest is ``COUNT(*)`` and ``BIT_XOR`` of the row digests (pt-table-checksum's): one
+changed row changes the XOR unless its CRC32 collides (2^-32); a row missing or added changes
+the count.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,6 @@ from orbit_tasks.errors import ReplicaDiverged
 from orbit_tasks.platform.history import history_kind
 
 SEPARATOR = "#"
-SEP = SEPARATOR.encode("ascii")
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,12 @@ def _text_columns(table: Table) -> list[str]:
 
 
 def _row_crc_sql(table: Table) -> Any:
-    """The server's row digest of ``table``: its columns as stored (a binary as its bytes, a
-    datetime as ``YYYY-MM-DD HH:MM:SS.ffffff``: no spelling function per value, measured at half
-    the cost of the hot read's spelling), the NULL flags of the nullable columns, the lengths of
-    the text columns."""
+    """The server's row digest of ``table``: its columns nearly as stored (a binary as ``HEX``, a
+    datetime cast to text ``YYYY-MM-DD HH:MM:SS.ffffff``: the hot read's ``DATE_FORMAT`` and
+    ``LOWER`` per value doubled the statement's cost), the NULL flags of the nullable columns,
+    the lengths of the text columns."""
     cols = list(table.columns)
-    parts: list[Any] = list(cols)
+    parts: list[Any] = [func.hex(c) if isinstance(c.type, LargeBinary) else c for c in cols]
     nullable = [c for c in cols if c.nullable]
     if nullable:
         parts.append(func.concat(*(func.isnull(c) for c in nullable)))
@@ -82,56 +82,44 @@ def _row_crc_sql(table: Table) -> Any:
     return func.crc32(func.concat_ws(literal(SEPARATOR), *parts))
 
 
-Convert = Callable[[Any], bytes]
-
-
-def _stored_ts(value: Any) -> bytes:
-    """``2026-05-01T12:00:00.000001Z`` (the hot read's spelling) as the server casts a
-    DATETIME(6) to text: ``2026-05-01 12:00:00.000001``."""
-    return f"{value[:10]} {value[11:26]}".encode("ascii")
-
-
-def _converters(table: Table) -> list[Convert]:
-    out: list[Convert] = []
-    for c in table.columns:
-        if isinstance(c.type, LargeBinary):
-            out.append(bytes.fromhex)
-        elif isinstance(c.type, DateTime):
-            out.append(_stored_ts)
-        elif isinstance(c.type, String | Text):
-            out.append(lambda v: v.encode("utf-8"))
-        else:
-            out.append(lambda v: str(v).encode("ascii"))
-    return out
-
-
 @dataclass(frozen=True)
 class _Shape:
-    """What the Python twin needs of a table: a converter per column, the positions of the
-    nullable and the text columns."""
+    """What the Python twin needs of a table: the positions of its binary, datetime, nullable
+    and text columns."""
 
-    converters: list[Convert]
-    nullable_at: list[int]
-    text_at: list[int]
+    binary_at: tuple[int, ...]
+    time_at: tuple[int, ...]
+    nullable_at: tuple[int, ...]
+    text_at: tuple[int, ...]
 
 
 def _shape(table: Table) -> _Shape:
-    names = list(table.columns.keys())
+    cols = list(table.columns)
+    names = [c.name for c in cols]
     return _Shape(
-        _converters(table),
-        [i for i, c in enumerate(table.columns) if c.nullable],
-        [names.index(n) for n in _text_columns(table)],
+        tuple(i for i, c in enumerate(cols) if isinstance(c.type, LargeBinary)),
+        tuple(i for i, c in enumerate(cols) if isinstance(c.type, DateTime)),
+        tuple(i for i, c in enumerate(cols) if c.nullable),
+        tuple(names.index(n) for n in _text_columns(table)),
     )
 
 
 def row_crc(row: Sequence[Any], shape: _Shape) -> int:
     """The Python twin of :func:`_row_crc_sql` over a row the hot read returned (MySQL/MariaDB
-    spelling: binaries as lowercase hex, datetimes as the archive's timestamps)."""
-    parts = [conv(v) for conv, v in zip(shape.converters, row, strict=True) if v is not None]
+    spelling: binaries as lowercase hex, datetimes as the archive's ``...T...Z`` timestamps)."""
+    values = list(row)
+    for i in shape.binary_at:
+        if values[i] is not None:
+            values[i] = values[i].upper()
+    for i in shape.time_at:
+        v = values[i]
+        if v is not None:
+            values[i] = f"{v[:10]} {v[11:26]}"
+    parts = [v if v.__class__ is str else str(v) for v in values if v is not None]
     if shape.nullable_at:
-        parts.append(b"".join(b"1" if row[i] is None else b"0" for i in shape.nullable_at))
-    parts += [str(len(row[i])).encode("ascii") for i in shape.text_at if row[i] is not None]
-    return zlib.crc32(SEP.join(parts))
+        parts.append("".join("1" if row[i] is None else "0" for i in shape.nullable_at))
+    parts += [str(len(row[i])) for i in shape.text_at if row[i] is not None]
+    return zlib.crc32(SEPARATOR.join(parts).encode("utf-8"))
 
 
 def _digest(rows: Iterable[Sequence[Any]], table: Table) -> Digest:
