@@ -84,7 +84,7 @@ def _checksums(engine: Engine) -> dict[str, object]:
         return {n: conn.execute(text(f"CHECKSUM TABLE `{n}` EXTENDED")).one()[1] for n in names}
 
 
-def _rerun_from_primary(ae: object, primary: Engine, done: Job, vol: Path) -> dict[str, bytes]:
+def _rerun_from_primary(ae: ArchiveEnv, primary: Engine, done: Job, vol: Path) -> dict[str, bytes]:
     """The same job (same row, range, created_at) run again from the start, reading the primary,
     into another directory of the same storage: its files."""
     write_identity(vol, done.storage_id, "again")
@@ -104,13 +104,35 @@ def _rerun_from_primary(ae: object, primary: Engine, done: Job, vol: Path) -> di
                 attempts=0,
             )  # fmt: skip
         )
-    settings = ae.settings  # type: ignore[attr-defined]
-    out = runner.run_job(
-        done.namespace_id.hex(), done.id.hex(), {done.storage_id.hex(): vol}, settings,
-        engine=primary, source_engine=primary, publish=lambda *a, **k: None,
-    )  # fmt: skip
-    assert out == "succeeded"
+    assert _deliver(ae, done, vol, primary, primary) == "succeeded"
     return file_snapshot(vol, done)
+
+
+def _deliver(ae: ArchiveEnv, job: Job, vol: Path, primary: Engine, source_db: Engine) -> str:
+    """One delivery of ``job`` in this process (plans, leases, confirms on ``primary``, history
+    read on ``source_db``), until one does not end with its time slice (``released``)."""
+    while True:
+        out = runner.run_job(
+            job.namespace_id.hex(), job.id.hex(), {job.storage_id.hex(): vol}, ae.settings,
+            engine=primary, source_engine=source_db, publish=lambda *a, **k: None,
+        )  # fmt: skip
+        if out != "released":
+            return out
+
+
+def _replicated_job(
+    ae: ArchiveEnv, pair: ReplicaPair, name: str, kind: str, roots: int, batch_size: int
+) -> tuple[bytes, bytes, Path, Job]:
+    """A namespace ``name`` with ``roots`` of ``kind``, a volume, a plan and the job a tick
+    created, everything replicated: (namespace, queue, volume, job)."""
+    ns, q = make_namespace(ae.engine, name)
+    vol = ae.tmp / "vol"
+    sid = make_volume(ae.engine, vol)
+    make_plan(ae.engine, ns, kind, sid, batch_size=batch_size)
+    seed(ae.engine, ns, q, kind, roots)
+    job = create_job(ae, ns, kind)
+    pair.wait_caught_up()
+    return ns, q, vol, job
 
 
 @pytest.mark.slow
@@ -199,18 +221,8 @@ def test_files_read_from_the_replica_equal_those_read_from_the_primary(
 ) -> None:
     primary_url, replica_url, primary, replica = dbs
     with archive_env(primary_url, primary, tmp_path) as ae:
-        ns, q = make_namespace(primary, "same-bytes")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "tasks", sid, batch_size=7)
-        seed(primary, ns, q, "tasks", 120)
-        job = create_job(ae, ns, "tasks")
-        pair.wait_caught_up()
-        out = runner.run_job(
-            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
-            source_engine=replica, publish=lambda *a, **k: None,
-        )  # fmt: skip
-        assert out == "succeeded"
+        ns, q, vol, job = _replicated_job(ae, pair, "same-bytes", "tasks", 120, 7)
+        assert _deliver(ae, job, vol, primary, replica) == "succeeded"
         done = ae.job(ns, job.id)
         assert_succeeded_exactly(ae, done, vol)
         from_replica = file_snapshot(vol, done)
@@ -226,13 +238,7 @@ def test_the_count_is_the_primarys_and_the_batches_are_read_on_the_replica(
     read there differs and the job waits. Repaired, it SUCCEEDS with the primary's roots."""
     primary_url, replica_url, primary, replica = dbs
     with archive_env(primary_url, primary, tmp_path) as ae:
-        ns, q = make_namespace(primary, "reads-there")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "events", sid, batch_size=5)
-        seed(primary, ns, q, "events", 40)
-        job = create_job(ae, ns, "events")
-        pair.wait_caught_up()
+        ns, q, vol, job = _replicated_job(ae, pair, "reads-there", "events", 40, 5)
         with primary.connect() as conn:
             rng = job_store.job_range(conn, job)
             keys = source.root_keys_in_range(conn, "events", ns, rng)
@@ -245,10 +251,7 @@ def test_the_count_is_the_primarys_and_the_batches_are_read_on_the_replica(
         assert doc["roots"] == len(keys) - 1  # counted there
 
         def run() -> str:
-            return runner.run_job(
-                ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
-                source_engine=replica, publish=lambda *a, **k: None,
-            )  # fmt: skip
+            return _deliver(ae, job, vol, primary, replica)
 
         assert run() == "stopped"
         (manifest,) = file_snapshot(vol, ae.job(ns, job.id)).values()
@@ -303,9 +306,15 @@ def _repair(pair: ReplicaPair, primary: Engine, replica: Engine, ns: bytes, key:
             conn.execute(t.insert(), rows)
 
 
-@pytest.mark.parametrize("change", list(ERRANT))
+@pytest.mark.parametrize(
+    ("change", "reader"), [("delete", "process"), ("update", "process"), ("insert", "thread")]
+)
 def test_an_errant_write_without_binlog_stops_the_job_until_the_replica_agrees(
-    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path, change: str
+    pair: ReplicaPair,
+    dbs: tuple[str, str, Engine, Engine],
+    tmp_path: Path,
+    change: str,
+    reader: str,
 ) -> None:
     """Issue 24 item 1: a root deleted, a child row changed or a root inserted on the replica
     alone (``sql_log_bin = 0``: no GTID). Before the job: its first read differs from the
@@ -313,30 +322,18 @@ def test_an_errant_write_without_binlog_stops_the_job_until_the_replica_agrees(
     chunk): the files before it are confirmed, the chunk's are not. Each time the claim is given
     back without confirming (attempts not counted), the job waits `replica_diverged` (never
     SUCCEEDED with the replica's rows) and, once the replica is repaired, SUCCEEDS with the
-    primary's rows -- files equal to a run read from the primary."""
+    primary's rows -- files equal to a run read from the primary. The read-ahead runs in its
+    reader process, and in threads of the runner's process."""
     primary_url, replica_url, primary, replica = dbs
-    with archive_env(primary_url, primary, tmp_path) as ae:
-        ns, q = make_namespace(primary, f"errant-{change}")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "tasks", sid, batch_size=4)
-        seed(primary, ns, q, "tasks", 160)
-        job = create_job(ae, ns, "tasks")
-        pair.wait_caught_up()
+    with archive_env(primary_url, primary, tmp_path, ORBIT_ARCHIVE_READER=reader) as ae:
+        ns, q, vol, job = _replicated_job(ae, pair, f"errant-{change}", "tasks", 160, 4)
         with primary.connect() as conn:
             keys = source.root_keys_in_range(conn, "tasks", ns, job_store.job_range(conn, job))
         database = primary.url.database
         assert database is not None and len(keys) > 100
 
         def run() -> str:
-            """Deliveries until one does not end with its time slice (``released``)."""
-            while True:
-                out = runner.run_job(
-                    ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
-                    source_engine=replica, publish=lambda *a, **k: None,
-                )  # fmt: skip
-                if out != "released":
-                    return out
+            return _deliver(ae, job, vol, primary, replica)
 
         for key, confirmed in ((keys[0], lambda b: b == 0), (keys[-3], lambda b: b > 0)):
             pair.replica_local(database, *ERRANT[change](key))
@@ -376,14 +373,8 @@ def test_a_real_worker_stops_at_a_diverged_chunk_and_finishes_after_the_repair(
         primary_url, primary, tmp_path, ORBIT_ARCHIVE_SOURCE_URL=replica_url,
         ORBIT_ARCHIVE_READER="process",
     ) as ae:  # fmt: skip
-        ns, q = make_namespace(primary, "worker-errant")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "tasks", sid, batch_size=5)
-        seed(primary, ns, q, "tasks", 120)
-        pair.wait_caught_up()
+        ns, q, vol, job = _replicated_job(ae, pair, "worker-errant", "tasks", 120, 5)
         w = ae.worker("replica", [vol])
-        job = ae.job(ns, create_job(ae, ns, "tasks").id)
         with primary.connect() as conn:
             keys = source.root_keys_in_range(conn, "tasks", ns, job_store.job_range(conn, job))
         database = primary.url.database
@@ -396,7 +387,10 @@ def test_a_real_worker_stops_at_a_diverged_chunk_and_finishes_after_the_repair(
         with running_exporter(exp_env, tmp_path) as exporter:  # the gauge the alert reads
             s = exporter.scrape()
             waiting = value(
-                s, "orbit_archive_jobs_waiting", storage=sid.hex(), reason="replica_diverged"
+                s,
+                "orbit_archive_jobs_waiting",
+                storage=job.storage_id.hex(),
+                reason="replica_diverged",
             )
             assert waiting == 1
         for _ in range(3):
@@ -420,13 +414,7 @@ def test_an_errant_gtid_is_refused_at_worker_start_and_at_the_claim(
     docs/operations.md), the job runs."""
     primary_url, replica_url, primary, replica = dbs
     with archive_env(primary_url, primary, tmp_path) as ae:
-        ns, q = make_namespace(primary, "gtid")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "events", sid, batch_size=5)
-        seed(primary, ns, q, "events", 20)
-        job = create_job(ae, ns, "events")
-        pair.wait_caught_up()
+        ns, q, vol, job = _replicated_job(ae, pair, "gtid", "events", 20, 5)
         database = primary.url.database
         assert database is not None
         env = orbit_env(primary_url, ORBIT_ARCHIVE_SOURCE_URL=replica_url)
@@ -441,22 +429,17 @@ def test_an_errant_gtid_is_refused_at_worker_start_and_at_the_claim(
             proc = _worker_start(env, vol)
             line = assert_one_line_error(proc, 1, "ORBIT_ARCHIVE_SOURCE_URL", "errant GTIDs")
             assert errant in line, line
-            out = runner.run_job(
-                ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
-                source_engine=replica, publish=lambda *a, **k: None,
-            )  # fmt: skip
-            assert out == "waiting"
+            direct = run_celery_worker(env, queue_name(job.storage_id))  # started by celery itself
+            assert direct.returncode == 1 and "celery@" not in direct.stdout, direct.stderr
+            assert direct.stderr.strip().splitlines()[-1] == line.strip(), direct.stderr
+            assert _deliver(ae, job, vol, primary, replica) == "waiting"
             held = ae.job(ns, job.id)
             assert (held.state, held.attempts, held.batches) == (JobState.PENDING, 0, 0), held
             assert _show(ae, held)["waiting"] == "replica_diverged"
         finally:
             with pair.replica_admin.connect() as conn:
                 conn.execute(text("RESET MASTER"))
-        out = runner.run_job(
-            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
-            source_engine=replica, publish=lambda *a, **k: None,
-        )  # fmt: skip
-        assert out == "succeeded"
+        assert _deliver(ae, job, vol, primary, replica) == "succeeded"
         assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
 
 

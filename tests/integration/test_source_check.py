@@ -109,3 +109,28 @@ def test_a_root_added_after_the_last_chunk_is_counted(platform_engine: Engine) -
         pytest.raises(ReplicaDiverged, match="orbit_events: rows differ .* the range's end"),
     ):
         source_check.check_chunk(conn, "events", ns, FAR, after, last)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "READ COMMITTED", "SERIALIZABLE"])
+def test_the_check_reads_committed_rows_at_every_isolation_level(
+    platform_engine: Engine, level: str
+) -> None:
+    """The primary's side of the check is one statement in a transaction of its own: a row
+    changed and committed after the chunk was read is a difference at every isolation level of
+    the check's connection, also one that already ran a check (no snapshot kept across
+    chunks)."""
+    ns, q = make_namespace(platform_engine, "levels")
+    seed(platform_engine, ns, q, "events", 20)
+    chunks = _chunks(platform_engine, "events", ns, 50)
+    ((after, chunk),) = chunks
+    with platform_engine.connect().execution_options(isolation_level=level) as conn:
+        with conn.begin():
+            source_check.check_chunk(conn, "events", ns, FAR, after, chunk)  # type: ignore[arg-type]
+        rid = chunk.roots[5][1]  # type: ignore[attr-defined]
+        _one(
+            platform_engine,
+            "UPDATE orbit_events SET type = 'x' WHERE id = :id",
+            id=bytes.fromhex(rid),
+        )
+        with conn.begin(), pytest.raises(ReplicaDiverged, match="orbit_events: checksum differ"):
+            source_check.check_chunk(conn, "events", ns, FAR, after, chunk)  # type: ignore[arg-type]
