@@ -420,7 +420,6 @@ def test_an_errant_gtid_is_refused_at_worker_start_and_at_the_claim(
         env = orbit_env(primary_url, ORBIT_ARCHIVE_SOURCE_URL=replica_url)
         try:
             with pair.replica_admin.connect() as conn:
-                conn.execute(text("SET SESSION sql_log_bin = 1"))  # pooled: replica_local's 0
                 conn.execute(text(f"CREATE TABLE `{database}`.errant_note (i INT)"))
                 errant = conn.execute(text("SELECT @@gtid_binlog_pos")).scalar_one()
             assert errant.startswith("0-2-"), errant
