@@ -134,3 +134,36 @@ def test_the_check_reads_committed_rows_at_every_isolation_level(
         )
         with conn.begin(), pytest.raises(ReplicaDiverged, match="orbit_events: checksum differ"):
             source_check.check_chunk(conn, "events", ns, FAR, after, chunk)  # type: ignore[arg-type]
+
+
+def test_the_digests_agree_on_nulls_four_byte_text_separators_and_trailing_spaces(
+    platform_engine: Engine,
+) -> None:
+    """Values the two spellings could disagree on: NULLs, 4-byte characters, the separator
+    itself, trailing spaces, zero microseconds. Then a ``#`` moved from one text column to the
+    next (``state`` 'x#y', ``idempotency_key`` 'k' -> 'x', 'y#k': the same ``#``-joined text) is
+    a difference: the lengths."""
+    ns, q = make_namespace(platform_engine, "odd")
+    seed(platform_engine, ns, q, "tasks", 12)
+    ((after, first),) = _chunks(platform_engine, "tasks", ns, 50)
+    ids = [bytes.fromhex(r[1]) for r in first.roots]  # type: ignore[attr-defined]
+    odd = (
+        "UPDATE orbit_tasks SET result_json = NULL, error_code = 'a#b  ', state = 'x#y', "
+        "idempotency_key = 'k', request_json = '{\"n\": \"😀 #\"}' WHERE id = :id"
+    )
+    _one(platform_engine, odd, id=ids[0])
+    _one(
+        platform_engine,
+        "UPDATE orbit_tasks SET started_at = '2026-01-02 03:04:05.000000' WHERE id = :id",
+        id=ids[1],
+    )
+    ((after, chunk),) = _chunks(platform_engine, "tasks", ns, 50)
+    with platform_engine.connect() as conn:
+        source_check.check_chunk(conn, "tasks", ns, FAR, after, chunk)  # type: ignore[arg-type]
+    moved = "UPDATE orbit_tasks SET state = 'x', idempotency_key = 'y#k' WHERE id = :id"
+    _one(platform_engine, moved, id=ids[0])
+    with (
+        platform_engine.connect() as conn,
+        pytest.raises(ReplicaDiverged, match="orbit_tasks: checksum differ"),
+    ):
+        source_check.check_chunk(conn, "tasks", ns, FAR, after, chunk)  # type: ignore[arg-type]
