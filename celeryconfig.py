@@ -16,6 +16,7 @@ from orbit_tasks.archive_limits import task_time_limits as _task_time_limits
 from orbit_tasks.queues import CONTROL_QUEUE as _CONTROL
 from orbit_tasks.queues import SENDER_QUEUE as _SENDER
 from orbit_tasks.settings import get_settings as _get_settings
+from orbit_tasks.start_checks import beat_chains as _beat_chains
 
 _settings = _get_settings()
 
@@ -88,26 +89,32 @@ task_routes = {
     "orbit.sender.prune": {"queue": _SENDER},
 }
 
-beat_schedule = {
-    "orbit-archive-tick": {
+# Beat schedules the ticks of the databases the environment names, as its schema check does
+# (start_checks.beat_chains; issue 23): an archive-only deployment publishes no sender tick that
+# nothing would consume (orbit.sender grew by ~43,000 messages a day), an outbox-only one no
+# archive tick; with neither named, both (the embedded demo). docs/decisions.md.
+_chains = _beat_chains()
+beat_schedule = {}
+if "platform" in _chains:
+    beat_schedule["orbit-archive-tick"] = {
         "task": "orbit.archive.tick",
         "schedule": _timedelta(seconds=_settings.tick_seconds),
         "options": {"queue": _CONTROL, "expires": max(1, _settings.tick_seconds - 5)},
-    },
-    "orbit-sender-tick": {
+    }
+if "business" in _chains:
+    beat_schedule["orbit-sender-tick"] = {
         "task": "orbit.sender.tick",
         "schedule": _timedelta(seconds=_settings.sender_tick_seconds),
         "options": {
             "queue": _SENDER,
             "expires": max(1.0, _settings.sender_tick_seconds * 0.9),
         },
-    },
-}
+    }
 
 # Retention of the outbox (docs/sender.md "Retention"): off unless ORBIT_SENDER_RETENTION is set.
 # Hourly: each run scans the table once in keyset pages (no index on state in the seed).
 _PRUNE_EVERY_SECONDS = 3600
-if _settings.sender_retention_seconds is not None:
+if _settings.sender_retention_seconds is not None and "business" in _chains:
     beat_schedule["orbit-sender-prune"] = {
         "task": "orbit.sender.prune",
         "schedule": _timedelta(seconds=_PRUNE_EVERY_SECONDS),

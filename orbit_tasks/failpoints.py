@@ -22,7 +22,9 @@ read-ahead thread ``archive.read_ahead`` (a prepared batch file handed over, not
 the job store's ``archive.finalize.before_commit`` (SUCCEEDED and the plan written, not
 committed: the job and plan rows are locked). The relay's ``sender.claim.before_commit`` (a page
 of outbox rows claimed, not committed); the retention's ``sender.prune.before_commit`` (a page
-of outbox rows deleted and their compact records inserted, not committed).
+of outbox rows deleted and their compact records inserted, not committed); the bulk requeue's
+``sender.requeue.after_page`` (a page of REVIEW rows read, nothing locked) and
+``sender.requeue.before_commit`` (the page's rows locked and requeued, not committed).
 Durable writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and
 synced), ``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced
 removal has renamed the name aside). S3 storages: ``objects.before_put`` (a conditional PUT is

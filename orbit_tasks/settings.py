@@ -186,7 +186,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
         sender_retention_seconds=_retention(env, "ORBIT_SENDER_RETENTION"),
-        operator=env.get("ORBIT_OPERATOR") or env.get("ORBIT_ACTOR") or _os_user(env),
+        operator=_operator(env),
         sender_wake_on_commit=_switch(env, "ORBIT_SENDER_WAKE_ON_COMMIT", True),
         sender_wake_timeout_seconds=_float(
             env, "ORBIT_SENDER_WAKE_TIMEOUT_SECONDS", 0.5, 0.05, 5.0
@@ -199,6 +199,19 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
         archive_reader=(_choice(env, "ORBIT_ARCHIVE_READER", ARCHIVE_READERS) or "auto").lower(),
     )
+
+
+def _operator(env: Mapping[str, str]) -> str:
+    """Who an operator command records: ORBIT_OPERATOR, else ORBIT_ACTOR, else the OS user;
+    one printable line (it is stored and printed: a newline could forge an ``error:`` line)."""
+    for name in ("ORBIT_OPERATOR", "ORBIT_ACTOR"):
+        value = env.get(name)
+        if value:
+            refusal = units.one_line_refusal(value, name)
+            if refusal:
+                raise InvalidInput(refusal)
+            return value
+    return _os_user(env)
 
 
 def _os_user(env: Mapping[str, str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from orbit_tasks.errors import InvalidInput
 
@@ -60,3 +61,18 @@ def format_duration(seconds: int) -> str:
         if seconds >= factor and seconds % factor == 0:
             return f"{seconds // factor}{unit}"
     return f"{seconds}s"
+
+
+def one_line_refusal(text: str, what: str) -> str:
+    """Why ``text`` is not printable text on one line ("" when it is): every character must be
+    printable (``str.isprintable``) or a space (Unicode Zs). Refused: C0/C1 controls (newline,
+    U+0085 NEL), DEL, line and paragraph separators (U+2028, U+2029), format characters (bidi
+    overrides), lone surrogates, unassigned code points. The message names the first one by
+    its code point, never prints it."""
+    for index, ch in enumerate(text):
+        if not (ch.isprintable() or unicodedata.category(ch) == "Zs"):
+            return (
+                f"{what} contains the non-printable character U+{ord(ch):04X} at position "
+                f"{index}; allowed: printable text on one line"
+            )
+    return ""

@@ -24,14 +24,20 @@ def credential_group() -> None:
     """API credentials (tokens stored as SHA-256)."""
 
 
-def _queue_refs(raw: str | None) -> list[str] | None:
-    if raw is None:
+def _queue_refs(given: tuple[str, ...]) -> list[str] | None:
+    """Every ``--queues`` value (repeated, each comma-separated) in one list; None: none given
+    (every queue). Before, a repeated ``--queues`` kept only the last one."""
+    if not given:
         return None
-    refs = [q.strip() for q in raw.split(",")]
-    if not refs or any(not q for q in refs):
-        raise InvalidInput(
-            f"--queues {raw!r} has an empty entry (allowed: comma-separated queue names or ids)"
-        )
+    refs = []
+    for raw in given:
+        entries = [q.strip() for q in raw.split(",")]
+        if any(not q for q in entries):
+            raise InvalidInput(
+                f"--queues {raw!r} has an empty entry (allowed: comma-separated queue names or "
+                "ids; --queues may be repeated)"
+            )
+        refs += [q for q in entries if q not in refs]
     return refs
 
 
@@ -39,12 +45,13 @@ def _queue_refs(raw: str | None) -> list[str] | None:
 @click.argument("ns")
 @click.option(
     "--queues",
-    default=None,
-    help="Comma-separated queue names or ids the token may use (default: every queue).",
+    multiple=True,
+    help="Comma-separated queue names or ids the token may use (default: every queue); may be "
+    "repeated, the lists add up.",
 )
 @click.option("--label", default="", help=f"Human label (0..{MAX_LABEL} characters).")
 @json_option
-def credential_create(ns: str, queues: str | None, label: str, as_json: bool) -> None:
+def credential_create(ns: str, queues: tuple[str, ...], label: str, as_json: bool) -> None:
     """Create a token for NS; prints its id and the token (shown only this once)."""
     refs = _queue_refs(queues)
     if len(label) > MAX_LABEL:

@@ -9,8 +9,10 @@ from typing import Any
 import click
 
 from orbit_tasks.cli.common import LazyGroup, emit, emit_list, json_option
+from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import InvalidInput
+from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender import policy
 from orbit_tasks.sender import retention as sender_retention
 from orbit_tasks.sender import review as sender_review
@@ -71,7 +73,7 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
 )
 @click.option("--namespace", "namespace", default=None, help="Only this namespace (name or id).")
 @click.option(
-    "--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="Max rows."
+    "--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Max rows."
 )
 @click.option("--after", default=None, help="Cursor NS:OP from the previous page ('next').")
 @click.option(
@@ -138,6 +140,8 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
             sender_review.load(conn, ns, op)  # NotFound, exit 4
         job = sender_store.get_job(conn, ns, op)
         resolution = sender_store.get_resolution(conn, ns, op)
+        hold = None if row is None else sender_holds.get_hold(conn, ns, row.queue_id)
+        now = db_now(conn)
     if row is None:
         assert pruned is not None
         data = _plain(dict(pruned._mapping))
@@ -158,6 +162,10 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
     data["source_ref"] = None if job is None else job.source_ref
     data["job_task_id"] = None if job is None else job.task_id
     data["pruned"] = False
+    # A Retry-After hold of the row's queue still running (docs/sender.md): nothing of the queue
+    # is claimed before it, by any sender process.
+    running = None if hold is None or hold.held_until <= now else hold.held_until
+    data["queue_held_until"] = _plain({"t": running})["t"]
     _show(data, as_json)
 
 
@@ -215,9 +223,7 @@ def _emit_bulk(items: list[dict[str, Any]], as_json: bool, summary: str) -> None
     help="Every REVIEW row with this last_code (instead of NS OP).",
 )
 @click.option("--namespace", "namespace", default=None, help="With --code: only this namespace.")
-@click.option(
-    "--dry-run", is_flag=True, help="With --code: list what would happen, change nothing."
-)
+@click.option("--dry-run", is_flag=True, help="Say what would happen, change nothing.")
 @json_option
 def sender_requeue(
     ns: str | None,
@@ -240,7 +246,14 @@ def sender_requeue(
     assert ns is not None and op is not None
     op = _hex(op, "OP")
     ns = _namespace(ns)
-    sender_review.requeue_one(business_engine(), ns, op)
+    sender_review.requeue_one(business_engine(), ns, op, dry_run=dry_run)
+    if dry_run:
+        emit(
+            {"namespace_id": ns, "operation_id": op, "state": "REVIEW", "dry_run": True},
+            as_json,
+            f"dry run: would requeue {ns}/{op} (PENDING, same key and body); nothing changed",
+        )
+        return
     emit(
         {"namespace_id": ns, "operation_id": op, "state": "PENDING"},
         as_json,
@@ -259,9 +272,7 @@ def sender_requeue(
     help="Every unresolved REVIEW row with this last_code (instead of NS OP).",
 )
 @click.option("--namespace", "namespace", default=None, help="With --code: only this namespace.")
-@click.option(
-    "--dry-run", is_flag=True, help="With --code: list what would happen, change nothing."
-)
+@click.option("--dry-run", is_flag=True, help="Say what would happen, change nothing.")
 @json_option
 def sender_resolve(
     ns: str | None,
@@ -289,7 +300,16 @@ def sender_resolve(
     assert ns is not None and op is not None
     op = _hex(op, "OP")
     ns = _namespace(ns)
-    done = sender_review.resolve_one(business_engine(), ns, op, reason=reason, actor=actor)
+    done = sender_review.resolve_one(
+        business_engine(), ns, op, reason=reason, actor=actor, dry_run=dry_run
+    )
+    if dry_run:
+        emit(
+            {**done, "resolved_at": None, "dry_run": True},
+            as_json,
+            f"dry run: would resolve {ns}/{op} ({done['last_code']}) by {actor}; nothing changed",
+        )
+        return
     emit(done, as_json, f"resolved {ns}/{op} ({done['last_code']}) by {actor}")
 
 
@@ -317,12 +337,14 @@ def sender_prune(older_than: str, namespace: str | None, dry_run: bool, as_json:
     )
     data = report.as_fields()
     verb = "would prune" if dry_run else "pruned"
+    skipped = data["skipped_in_both"]
     emit(
         data,
         as_json,
         f"{verb} {data['pruned']} rows ({data['accepted']} ACCEPTED, {data['review']} "
         f"resolved REVIEW) last changed before {data['cutoff']}; scanned {data['scanned']} "
-        f"rows in {data['pages']} pages",
+        f"rows in {data['pages']} pages"
+        + (f"; {skipped} skipped: already pruned (docs/operations.md)" if skipped else ""),
     )
 
 

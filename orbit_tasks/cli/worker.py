@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,11 +195,14 @@ def _single_queue_worker(
     loglevel: str,
     print_command: bool,
     celery_args: tuple[str, ...],
+    check: Callable[[], None] | None = None,
 ) -> None:
     """A worker that consumes exactly one queue, whose tasks use ``chain``'s database, and
-    mounts no volume."""
+    mounts no volume. ``check`` runs after the schema check, unless only printing."""
     env = dict(os.environ)
     _require_schemas(env, chain)
+    if check is not None and not print_command:
+        check()
     env.pop(VOLUMES_ENV, None)
     argv = _worker_argv([queue], concurrency, _node(name, kind), pool, loglevel, celery_args)
     _exec(argv, env, print_command)
@@ -214,8 +218,18 @@ def worker_control(**opts: Any) -> None:
 @worker_group.command("sender", epilog=_EPILOG)
 @common_options
 def worker_sender(**opts: Any) -> None:
-    """Consume orbit.sender only (outbox relay)."""
-    _single_queue_worker(SENDER_QUEUE, "sender", "business", **opts)
+    """Consume orbit.sender only (outbox relay). Refused at start (exit 2) without a credential
+    the platform API at ORBIT_API_URL accepts."""
+    _single_queue_worker(SENDER_QUEUE, "sender", "business", check=_require_api, **opts)
+
+
+def _require_api() -> None:
+    """The sender's credential and API answer (after the schema check), or exit 2."""
+    # Imported here: httpx (~60 ms), which only this command of the group needs.
+    from orbit_tasks.sender.client import require_api
+
+    s = get_settings()
+    require_api(s.api_url, s.api_token, timeout_seconds=s.sender_http_timeout_seconds)
 
 
 @click.command("beat")

@@ -3,7 +3,9 @@
 ``sender_outbox`` and ``sender_jobs`` are ``seeds/sender_outbox.sql`` exactly (revision b0001,
 never changed). Revision b0002 adds the sender's own tables: ``sender_pruned`` (what a pruned
 outbox row promised, so that ``enqueue()`` answers as before the prune; docs/sender.md
-"Retention") and ``sender_resolutions`` (who marked a REVIEW row as handled, and why). Not part
+"Retention") and ``sender_resolutions`` (who marked a REVIEW row as handled, and why); revision
+b0003 adds ``sender_holds`` (a queue the platform asked to wait, honoured by every sender
+process; docs/sender.md "Retry-After holds the queue"). Not part
 of the platform migrations. The two MySQL-only CHECK expressions get SQLite variants
 (``ddl_if``); everything else is one definition.
 """
@@ -255,5 +257,24 @@ sender_resolutions = Table(
     Column("resolved_at", DateTime6(), nullable=False, comment="处理UTC时间，数据库时钟"),
     PrimaryKeyConstraint("namespace_id", "operation_id"),
     comment="REVIEW行的人工处理记录，不改变Outbox行",
+    **_MYSQL_TABLE,
+)
+
+sender_holds = Table(
+    "sender_holds",
+    metadata,
+    Column("namespace_id", Ascii(32, fixed=True), nullable=False, comment="被暂停队列的命名空间"),
+    Column("queue_id", Ascii(32, fixed=True), nullable=False, comment="被平台要求等待的队列"),
+    Column(
+        "held_until",
+        DateTime6(),
+        nullable=False,
+        comment="此前不领取该队列，UTC数据库时钟，受上限及最早截止约束",
+    ),
+    Column("status", UInt(), nullable=False, comment="要求等待的HTTP状态，429或503"),
+    Column("asked_seconds", UInt(), nullable=False, comment="Retry-After限幅后的秒数，向上取整"),
+    Column("set_at", DateTime6(), nullable=False, comment="记录暂停的UTC数据库时间"),
+    PrimaryKeyConstraint("namespace_id", "queue_id"),
+    comment="平台Retry-After要求的队列暂停，所有发送进程共同遵守",
     **_MYSQL_TABLE,
 )

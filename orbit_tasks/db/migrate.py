@@ -11,6 +11,7 @@ rewrites an existing table and touches no row.
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from orbit_tasks.db.schema_check import (
     head_revision,
     is_known_revision,
     recorded_revision,
+    script_directory,
     unknown_revision,
 )
 from orbit_tasks.errors import ConflictError
@@ -115,16 +117,16 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
             found = compare_tables(conn, baseline)
             if found.differences:
                 raise SchemaMismatch(_mismatch_message(spec.database, spec.baseline, found))
-            later = _later_tables(conn, spec) if previous is None else None
+            later, reached = _later_tables(conn, spec) if previous is None else ([], None)
             if found.present or previous is not None or later:  # else fresh: revisions run
                 for statement in create_statements(baseline, only=found.missing):
                     conn.execute(statement)
                 if previous is None:
                     adopted = found.present
                     _alembic(conn, chain, "stamp", spec.baseline)
-            if later:  # the application's tool created the later revisions' tables too
+            if later and reached:  # the application's tool created later revisions' tables too
                 adopted = [*adopted, *later]
-                _alembic(conn, chain, "stamp", "head")
+                _alembic(conn, chain, "stamp", reached)  # the revisions after it still run
         _alembic(conn, chain, "upgrade", "head")
         # every table of the head that did not exist before: the baseline's missing ones and
         # those of later revisions (p0001 -> p0002 creates the control tables)
@@ -145,30 +147,67 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
     return result
 
 
-def _later_tables(conn: Connection, spec: ChainSpec) -> list[str]:
-    """On a database without a record: the head's tables that later revisions add (beyond the
-    baseline), when all of them already exist and match the head (then they are adopted and the
-    head is recorded); [] when none exists (the revisions create them). Some but not all, or one
-    that differs: refused like a baseline table that differs, nothing changed."""
-    head = spec.head_metadata()
-    names = set(head.tables) - set(spec.baseline_metadata().tables)
-    if not names:
-        return []
-    later = MetaData()
-    for name in sorted(names):
-        head.tables[name].to_metadata(later)
-    found = compare_tables(conn, later)
-    if not found.present:
-        return []
-    if found.differences:
-        raise SchemaMismatch(_mismatch_message(spec.database, head_revision(spec.chain), found))
-    if found.missing:
-        raise SchemaMismatch(
-            f"{spec.database}: tables {', '.join(found.present)} exist but "
-            f"{', '.join(found.missing)} do not (revision {head_revision(spec.chain)} adds them "
-            "together); create the missing ones as well, or drop the others; nothing was changed"
+def _later_revisions(spec: ChainSpec) -> list[tuple[str, list[str]]]:
+    """(revision, the names of the tables it adds) for every revision after the baseline, oldest
+    first, from each revision's frozen copy (``migrations/<chain>/<revision>_tables.py``). A
+    table an earlier revision added and a later one replaces (p0004's waits table) belongs to
+    the earlier one: the later revision adds nothing, so it is never adopted, it runs."""
+    revisions = list(script_directory(spec.chain).walk_revisions("base", "heads"))
+    out: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    for rev in reversed(revisions):
+        if rev.revision == spec.baseline:
+            continue
+        module = importlib.import_module(
+            f"orbit_tasks.db.migrations.{spec.chain}.{rev.revision}_tables"
         )
-    return found.present
+        added = sorted(set(module.metadata.tables) - seen)
+        seen.update(added)
+        out.append((rev.revision, added))
+    return out
+
+
+def _later_tables(conn: Connection, spec: ChainSpec) -> tuple[list[str], str | None]:
+    """On a database without a record: the tables of the later revisions (beyond the baseline)
+    that already exist and match the head, revision by revision from the oldest, and the last
+    revision whose tables all exist (then they are adopted and that revision is recorded; the
+    revisions after it run). ([], None) when none exists. Some but not all of one revision's
+    tables, one that differs, or tables of a revision after one that is missing: refused like a
+    baseline table that differs, nothing changed."""
+    head = spec.head_metadata()
+    adopted: list[str] = []
+    reached: str | None = None
+    revisions = _later_revisions(spec)
+    for i, (revision, names) in enumerate(revisions):
+        found = compare_tables(conn, _subset(head, names))
+        if not found.present:
+            after = [n for _r, later in revisions[i + 1 :] for n in later]
+            if after and compare_tables(conn, _subset(head, after)).present:
+                raise SchemaMismatch(
+                    f"{spec.database}: tables of a revision after {revision} exist but those of "
+                    f"{revision} ({', '.join(names)}) do not; create them as well; nothing was "
+                    "changed"
+                )
+            break
+        if found.differences:
+            raise SchemaMismatch(_mismatch_message(spec.database, revision, found))
+        if found.missing:
+            raise SchemaMismatch(
+                f"{spec.database}: tables {', '.join(found.present)} exist but "
+                f"{', '.join(found.missing)} do not (revision {revision} adds them "
+                "together); create the missing ones as well, or drop the others; "
+                "nothing was changed"
+            )
+        adopted += found.present
+        reached = revision
+    return adopted, reached
+
+
+def _subset(head: MetaData, names: list[str]) -> MetaData:
+    out = MetaData()
+    for name in names:
+        head.tables[name].to_metadata(out)
+    return out
 
 
 def _mismatch_message(database: str, revision: str, found: Comparison) -> str:

@@ -14,6 +14,7 @@ on SQLite files, local volume folders and Celery's filesystem broker under ``var
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import click
 
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.errors import InvalidInput
+from orbit_tasks.settings import get_settings
 
 KINDS = ("tasks", "events", "deliveries")
 ROOTS = 400
@@ -40,6 +42,25 @@ OPERATIONS = 25
 def _orbit_bin() -> list[str]:
     exe = Path(sys.executable).with_name("orbit")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "orbit_tasks.cli.main"]
+
+
+@contextlib.contextmanager
+def _app_settings(root: Path) -> Iterator[None]:
+    """This process's settings as the demo's application sees them: ORBIT_VAR_DIR is the demo's
+    folder, no CELERY_BROKER_URL (the embedded filesystem broker)."""
+    saved = {k: os.environ.get(k) for k in ("ORBIT_VAR_DIR", "CELERY_BROKER_URL")}
+    os.environ["ORBIT_VAR_DIR"] = str(root)
+    os.environ.pop("CELERY_BROKER_URL", None)
+    get_settings.cache_clear()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        get_settings.cache_clear()
 
 
 class Demo:
@@ -232,7 +253,9 @@ class Demo:
         from orbit_tasks.sender import enqueue
 
         engine = make_engine(f"sqlite:///{self.root / 'business.sqlite3'}")
-        with engine.begin() as conn:
+        # The application's wake-ups go to the demo's own filesystem broker, inside the demo's
+        # folder (before: ./var/broker of the working directory, outside var/demo/).
+        with _app_settings(self.root), engine.begin() as conn:
             for i in range(OPERATIONS):
                 enqueue(
                     conn,

@@ -45,6 +45,7 @@ CONTRACT_METRICS = (
     "orbit_outbox_rows_near_deadline",
 )
 EXTRA_METRICS = (
+    "orbit_outbox_queue_held_seconds",
     "orbit_source_read_seconds",
     "orbit_archive_confirmed_bytes",
     "orbit_archive_confirmed_roots",
@@ -84,6 +85,8 @@ class BusinessReading:
     review: Mapping[str, int]  # last_code -> unresolved REVIEW rows
     oldest_active_created: dt.datetime | None  # oldest created_at of a PENDING/SENDING row
     near_deadline: int
+    # (namespace, queue) -> seconds left of a running Retry-After hold (sender_holds)
+    holds: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -309,3 +312,11 @@ def _outbox(b: BusinessReading) -> Iterator[Metric]:
         "PENDING or SENDING rows whose send deadline is less than 1 h away",
         value=float(b.near_deadline),
     )
+    held = GaugeMetricFamily(
+        "orbit_outbox_queue_held_seconds",
+        "Seconds left of a Retry-After hold of an outbox queue (nothing of it is claimed before)",
+        labels=["namespace_id", "queue_id"],
+    )
+    for (namespace_id, queue_id), seconds in sorted(b.holds.items()):
+        held.add_metric([namespace_id, queue_id], seconds)
+    yield held

@@ -207,6 +207,10 @@ class BusinessSource:
             pairs = store.outbox_pairs(conn)
             active = store.active_outbox(conn, pairs, now + NEAR_DEADLINE) if pairs else []
             terminal = store.terminal_outbox(conn) if pairs else []
+            held = {
+                (h.namespace_id, h.queue_id): (h.held_until - now).total_seconds()
+                for h in store.running_holds(conn, now)
+            }
         rows: dict[str, int] = {}
         review: dict[str, int] = {}
         oldest: dt.datetime | None = None
@@ -222,5 +226,10 @@ class BusinessSource:
                 unresolved = int(r.rows) - int(r.resolved or 0)
                 review[r.last_code] = review.get(r.last_code, 0) + unresolved
         return BusinessReading(
-            now=now, rows=rows, review=review, oldest_active_created=oldest, near_deadline=near
+            now=now,
+            rows=rows,
+            review=review,
+            oldest_active_created=oldest,
+            near_deadline=near,
+            holds=held,
         )

@@ -25,6 +25,7 @@ from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages
+from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender import store as sender_store
 
 J = archive_jobs.c
@@ -213,6 +214,11 @@ def terminal_outbox_query() -> Select[Any]:
         .where(O.wake_at.is_(None))
         .group_by(O.state, O.last_code)
     )
+
+
+def running_holds(conn: Connection, now: dt.datetime) -> list[Any]:
+    """The Retry-After holds still running (``sender_holds``, one row per held queue)."""
+    return sender_holds.running_holds(conn, now)
 
 
 def outbox_pairs(conn: Connection) -> list[tuple[str, str]]:

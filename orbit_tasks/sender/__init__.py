@@ -5,8 +5,16 @@ from orbit_tasks.sender.outbox import (
     InvalidRequest,
     OutboxConflict,
     OutboxEntry,
+    OutboxRetry,
     enqueue,
     freeze_request,
 )
 
-__all__ = ["InvalidRequest", "OutboxConflict", "OutboxEntry", "enqueue", "freeze_request"]
+__all__ = [
+    "InvalidRequest",
+    "OutboxConflict",
+    "OutboxEntry",
+    "OutboxRetry",
+    "enqueue",
+    "freeze_request",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import httpcore
 import httpx
 
+from orbit_tasks.db.engine import redact_url
 from orbit_tasks.errors import InvalidInput, TransientError
 from orbit_tasks.sender import policy
 
@@ -45,7 +47,12 @@ class SendResult:
 
 
 class IdentityUnavailable(TransientError):
-    """``GET /v1/credential`` failed; nothing is claimed until it works."""
+    """``GET /v1/credential`` failed; nothing is claimed until it works. ``status`` is the HTTP
+    status when the API answered."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def make_timeout(total: float) -> httpx.Timeout:
@@ -171,6 +178,7 @@ class PlatformClient:
         )
         self._lock = threading.Lock()
         self._identity: Identity | None = None
+        self.shown_url = redact_url(base_url)  # for log lines: the password hidden
         # The whole exchange (not only each read) ends within this bound: a TIMEOUT after it.
         self._total_seconds = timeout_seconds
 
@@ -221,7 +229,9 @@ class PlatformClient:
         except httpx.HTTPError as exc:
             raise IdentityUnavailable(f"GET /v1/credential failed ({type(exc).__name__})") from None
         if resp.status_code != 200:
-            raise IdentityUnavailable(f"GET /v1/credential answered HTTP {resp.status_code}")
+            raise IdentityUnavailable(
+                f"GET /v1/credential answered HTTP {resp.status_code}", resp.status_code
+            )
         try:
             doc = policy.parse_json_exact(resp.content.decode("utf-8"))
             ns = doc["namespace_id"]
@@ -265,3 +275,33 @@ class PlatformClient:
         except httpx.HTTPError:
             return SendResult(None, transport="network")
         return SendResult(resp.status_code, data, resp.headers.get("Retry-After"))
+
+
+def require_api(base_url: str, token: str | None, *, timeout_seconds: float) -> Identity:
+    """The start check of ``orbit worker sender`` (issue 23, first use): the credential is set,
+    ``ORBIT_API_URL`` is an http(s) URL and ``GET /v1/credential`` answers with this credential's
+    identity within the HTTP bound. Anything else is :class:`InvalidInput` (exit 2), one line
+    naming the variable and the URL with its password hidden, never the token."""
+    shown = redact_url(base_url)
+    if not token or not token.strip():
+        raise InvalidInput(
+            "ORBIT_API_TOKEN is not set; the sender worker needs a platform credential "
+            "(create one with 'orbit credential create NAMESPACE')"
+        )
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInput(
+            f"ORBIT_API_URL {shown!r} is not an http:// or https:// URL of the platform API"
+        )
+    with PlatformClient(base_url, token, timeout_seconds=timeout_seconds) as client:
+        try:
+            return client.identity()
+        except IdentityUnavailable as exc:
+            if exc.status in (401, 403):
+                raise InvalidInput(
+                    f"ORBIT_API_TOKEN is not accepted by the platform API at {shown} "
+                    f"(HTTP {exc.status}); use a token from 'orbit credential create NAMESPACE'"
+                ) from None
+            raise InvalidInput(
+                f"ORBIT_API_URL {shown!r} does not answer as the platform API: {exc}"
+            ) from None

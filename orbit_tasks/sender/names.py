@@ -5,7 +5,8 @@ The business database stores 32-hex namespace ids only. A 32-hex NS is that id. 
 up, in this order, in the platform database (``ORBIT_DATABASE_URL``; a SQLite file that does not
 exist is not created for the lookup) and, when that is not available, in the identity of the
 sender's credential (``GET /v1/credential`` at ``ORBIT_API_URL`` with ``ORBIT_API_TOKEN``), which
-knows its own namespace's name. An unknown name is :class:`NotFound` (exit 4); a name no source
+knows its own namespace's name. A value that cannot be a name (``""``) is :class:`InvalidInput`
+(exit 2); an unknown name is :class:`NotFound` (exit 4); a name no source
 could look up because a configured source is down is a :class:`TransientError` (exit 1).
 """
 
@@ -40,6 +41,7 @@ def resolve_namespace_id(ref: str, settings: Settings) -> str:
     """The 32-hex id of namespace ``ref`` (a name or an id)."""
     if is_hex_id(ref):
         return ref.lower()
+    platform_store.validate_name(ref, "namespace")  # "" or "a b": exit 2, no lookup
     down: list[str] = []
     unset: list[str] = []
     if _platform_configured(settings):

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 from orbit_tasks import json_document
 from orbit_tasks.db.engine import db_now
-from orbit_tasks.db.faults import driver_code
-from orbit_tasks.errors import ConflictError, InvalidInput
+from orbit_tasks.db.faults import DEADLOCK, driver_code, is_lock_conflict
+from orbit_tasks.errors import ConflictError, InvalidInput, TransientError
 from orbit_tasks.sender import policy, store
 from orbit_tasks.sender.wakeup import wake_after_commit
 
@@ -45,6 +45,28 @@ class InvalidRequest(InvalidInput):
 
 class OutboxConflict(ConflictError):
     """The (namespace, operation) already holds a different request (or queue/source_ref)."""
+
+
+class OutboxRetry(TransientError):
+    """The database ended ``enqueue()``'s statement in a lock conflict: a deadlock (1213; the
+    server rolled the caller's whole transaction back) or a lock wait timeout (1205). Nothing
+    of this transaction may be trusted: roll it back and run it again (docs/sender.md "What an
+    application retries"). ``code`` is the driver's error number; the driver's error is the
+    ``__cause__``."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @classmethod
+    def of(cls, ns: str, op: str, exc: OperationalError) -> OutboxRetry:
+        code = int(driver_code(exc))
+        what = "deadlock" if code == DEADLOCK else "lock wait timeout"
+        return cls(
+            f"enqueue of operation {op} in namespace {ns} met a {what} (driver code {code}); "
+            "roll the transaction back and run it again",
+            code=code,
+        )
 
 
 @dataclass(frozen=True)
@@ -252,9 +274,11 @@ def _existing_pruned(
     digest: bytes,
     source_ref: str,
     latest: bool = False,
+    inserted: bool = False,
 ) -> OutboxEntry | None:
     """A pruned operation answers exactly as its outbox row did: the same request (and queue,
-    source_ref) is the existing entry, nothing is sent again; another is a conflict."""
+    source_ref) is the existing entry, nothing is sent again; another is a conflict.
+    ``inserted``: the ``sender_jobs`` row there is this call's own (there was none before)."""
     try:
         pruned = store.get_pruned(conn, ns, op, latest)
     except (OperationalError, ProgrammingError) as exc:
@@ -274,7 +298,7 @@ def _existing_pruned(
             f"operation {op} in namespace {ns} was already enqueued for queue "
             f"{pruned.queue_id}, not {queue}"
         )
-    job = store.get_job(conn, ns, op, latest)
+    job = None if inserted else store.get_job(conn, ns, op, latest)
     ref_differs = (
         job.source_ref != source_ref
         if job is not None
@@ -298,6 +322,31 @@ def _existing_pruned(
     )
 
 
+class _Pruned(Exception):
+    """The operation turned out to be pruned after the insert: roll the savepoint back."""
+
+    def __init__(self, entry: OutboxEntry) -> None:
+        super().__init__()
+        self.entry = entry
+
+
+def _deadlock_in(exc: BaseException) -> OperationalError | None:
+    """The driver's deadlock or lock wait timeout (1213, 1205) behind ``exc``: itself, or the
+    error a failed ``ROLLBACK TO SAVEPOINT`` hid (a deadlock rolls the whole transaction back,
+    so the savepoint is gone: 1305 ``SAVEPOINT ... does not exist``, the 1213 in its context)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OperationalError) and is_lock_conflict(current):
+            return current
+        todo += [current.__cause__, current.__context__]
+    return None
+
+
 def enqueue(
     conn: Connection | Session,
     *,
@@ -309,7 +358,12 @@ def enqueue(
 ) -> OutboxEntry:
     """Insert the ``sender_jobs`` row and the frozen ``sender_outbox`` row in the caller's
     transaction (never commits). Enqueueing the same (namespace, operation) with the same request
-    again returns the existing entry; a different request raises :class:`OutboxConflict`."""
+    again returns the existing entry; a different request raises :class:`OutboxConflict`.
+
+    "This operation is new" is decided by reads that see committed rows, whatever the caller's
+    isolation level and however old its snapshot: the primary keys (the insert) and a locking
+    read of ``sender_pruned`` after it (docs/sender.md "The snapshot rule"). A deadlock or lock
+    wait timeout is :class:`OutboxRetry`: roll the transaction back and run it again."""
     ns = _check_hex(namespace_id, "namespace_id")
     queue = _check_hex(queue_id, "queue_id")
     op = _check_hex(operation_id, "operation_id")
@@ -317,11 +371,23 @@ def enqueue(
     ref = check_source_ref(source_ref)
     digest = policy.digest(text)
     c = _connection(conn)
-    found = _existing(c, ns, queue, op, digest, ref)
-    if found is not None:
-        return found
+    try:
+        return _enqueue(c, ns, queue, op, text, digest, ref)
+    except (OperationalError, ProgrammingError) as exc:
+        conflict = _deadlock_in(exc)
+        if conflict is None:
+            raise
+        raise OutboxRetry.of(ns, op, conflict) from conflict
+
+
+def _enqueue(
+    c: Connection, ns: str, queue: str, op: str, text: str, digest: bytes, ref: str
+) -> OutboxEntry:
     now = db_now(c)
     try:
+        # Insert first: the primary keys of sender_jobs and sender_outbox see every committed
+        # row (a plain read would answer from the caller's snapshot), and two inserts into one
+        # index gap never deadlock, where two SERIALIZABLE reads of the gap before them did.
         with c.begin_nested():
             store.insert_entry(
                 c,
@@ -333,13 +399,21 @@ def enqueue(
                 source_ref=ref,
                 now=now,
             )
+            # A prune deletes the outbox row and inserts its record in one transaction, and
+            # the insert above waited for that delete: the record is committed by now, and a
+            # locking read sees it (the insert is rolled back; the record answers).
+            pruned = _existing_pruned(c, ns, queue, op, digest, ref, True, inserted=True)
+            if pruned is not None:
+                raise _Pruned(pruned)
+    except _Pruned as found:
+        return found.entry
     except IntegrityError:
-        # A concurrent enqueue of the same operation committed first (or a sender_jobs row
-        # without its outbox row exists): compare with what is there now, not with the
-        # caller's snapshot (REPEATABLE READ would still show no row).
-        found = _existing(c, ns, queue, op, digest, ref, latest=True)
-        if found is not None:
-            return found
+        # The operation is there (committed by now, or by another transaction this one waited
+        # for), or a sender_jobs row without its outbox row: compare with what is there now
+        # (locking reads), not with the caller's snapshot.
+        existing = _existing(c, ns, queue, op, digest, ref, latest=True)
+        if existing is not None:
+            return existing
         raise OutboxConflict(
             f"operation {op} in namespace {ns} already has a sender_jobs row without an outbox "
             "row; refusing to enqueue over it"

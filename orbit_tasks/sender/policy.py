@@ -90,10 +90,12 @@ SEND_WINDOW = dt.timedelta(hours=24)
 # Backoff: full jitter over [0, min(CAP, BASE * 2**(n-1))] seconds for the n-th send.
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 300.0
-# "Never sent after its deadline": no send *starts* within LAST_SEND_MARGIN of the deadline (so
-# that connecting and delivering cannot carry a request past it), and a retry that would land
-# later than LAST_TRY_MARGIN before the deadline gets its one last try there instead (leaving
-# time to claim it before the send cut-off).
+# "Never sent after its deadline" (issue 23 item 3): a send *starts* only when the whole HTTP
+# bound (connect + send + answer, ``ORBIT_SENDER_HTTP_TIMEOUT_SECONDS``) plus LAST_SEND_MARGIN
+# (clock differences between the sender, the business and the platform database) fits before the
+# deadline, so an exchange the platform answers within the bound cannot create the task after it.
+# A retry that would land later than LAST_TRY_MARGIN before that cut-off gets its one last try
+# there instead (leaving time to claim it before the cut-off).
 LAST_SEND_MARGIN = dt.timedelta(seconds=1)
 LAST_TRY_MARGIN = 2 * LAST_SEND_MARGIN
 
@@ -121,14 +123,23 @@ def deadline_passed(now: dt.datetime, deadline: dt.datetime) -> bool:
     return now >= deadline
 
 
-def too_late_to_send(now: dt.datetime, deadline: dt.datetime) -> bool:
-    """A send may start only while ``now + LAST_SEND_MARGIN < deadline``."""
-    return now + LAST_SEND_MARGIN >= deadline
+def send_cutoff(deadline: dt.datetime, http_seconds: float) -> dt.datetime:
+    """The last moment (exclusive) a send may start: the deadline minus the whole HTTP bound and
+    LAST_SEND_MARGIN."""
+    return deadline - dt.timedelta(seconds=http_seconds) - LAST_SEND_MARGIN
 
 
-def claim_guard(now: dt.datetime, send_count: int, deadline: dt.datetime) -> str | None:
-    """The REVIEW code a due row gets instead of a claim, or None when it may be claimed."""
-    if deadline_passed(now, deadline):
+def too_late_to_send(now: dt.datetime, deadline: dt.datetime, http_seconds: float) -> bool:
+    """A send may start only while ``now + http_seconds + LAST_SEND_MARGIN < deadline``."""
+    return now >= send_cutoff(deadline, http_seconds)
+
+
+def claim_guard(
+    now: dt.datetime, send_count: int, deadline: dt.datetime, http_seconds: float
+) -> str | None:
+    """The REVIEW code a due row gets instead of a claim, or None when it may be claimed. A row
+    that no send may start for any more (:func:`too_late_to_send`) is not claimed."""
+    if too_late_to_send(now, deadline, http_seconds):
         return LastCode.DEADLINE_EXCEEDED
     if send_count >= MAX_SENDS:
         return LastCode.ATTEMPTS_EXHAUSTED
@@ -163,13 +174,15 @@ def retention_refusal(seconds: int, what: str, shown: str | None = None) -> str:
 def parse_retention(text: str, what: str) -> tuple[int, str]:
     """``(seconds, why)`` of a retention given as text (``7d``: digits and a unit, always);
     ``why`` names the value and the allowed range when it is refused ("" when it is not)."""
-    # digits and a unit, always: a bare 7 meant as days would prune everything older than 7 s
-    seconds = units.duration_seconds(text, unit_required=True)
+    # digits and a unit, always: a bare 7 meant as days would prune everything older than 7 s;
+    # and nothing else: "1s " (a stray space) is not what the operator meant to type either
+    spaced = any(ch.isspace() for ch in text)
+    seconds = None if spaced else units.duration_seconds(text, unit_required=True)
     shown = text if len(text) <= 40 else f"{text[:16]}...({len(text)} characters)"
     if seconds is None:
         return 0, (
-            f"{what} {shown!r} is not a duration; use an integer with s, m, h or d, e.g. 7d "
-            f"(allowed {sender_limits.RETENTION_RANGE})"
+            f"{what} {shown!r} is not a duration; use an integer with s, m, h or d, e.g. 7d, "
+            f"without spaces (allowed {sender_limits.RETENTION_RANGE})"
         )
     return seconds, retention_refusal(seconds, what, shown.strip())
 
@@ -198,13 +211,7 @@ def reason_refusal(reason: str) -> str:
     """Why ``reason`` cannot be recorded ("" when it can)."""
     if not reason.strip() or len(reason) > MAX_REASON_CHARS:
         return f"--reason is {len(reason)} characters; allowed 1..{MAX_REASON_CHARS}, not blank"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in reason):
-        return "--reason contains control characters; allowed: printable text on one line"
-    try:
-        reason.encode("utf-8")
-    except UnicodeEncodeError:
-        return "--reason contains a lone surrogate; not valid UTF-8"
-    return ""
+    return units.one_line_refusal(reason, "--reason")  # also lone surrogates (not UTF-8)
 
 
 # --- classification ----------------------------------------------------------------------------
@@ -280,21 +287,49 @@ def valid_receipt(
     return task_id, text
 
 
+# The longest wait a Retry-After can ask for (issue 23 item 4): a larger value (a huge number,
+# 400 digits, a date years ahead) is read as this many seconds, so a server's header can never
+# freeze a queue; a row's own deadline bounds it further (:func:`next_wake`).
+MAX_RETRY_AFTER_SECONDS = 600.0
+
+
 def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
-    """``Retry-After`` as seconds from ``now``: delta-seconds or an HTTP date; None if absent or
-    unreadable; a date in the past is 0."""
+    """``Retry-After`` as seconds from ``now``, at most MAX_RETRY_AFTER_SECONDS: delta-seconds
+    (ASCII digits) or an HTTP date; None if absent or unreadable (negative, fractional, empty,
+    garbage); a date in the past is 0."""
     if value is None:
         return None
     value = value.strip()
     if value.isascii() and value.isdigit():
-        return float(value)  # never raises: a huge value is inf (past any deadline)
+        # Compared as text length first: int() refuses over 4,300 digits, float() makes inf.
+        if len(value.lstrip("0")) > 6:
+            return MAX_RETRY_AFTER_SECONDS
+        return min(float(value), MAX_RETRY_AFTER_SECONDS)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is not None:
         when = when.astimezone(dt.UTC).replace(tzinfo=None)
-    return max(0.0, (when - now).total_seconds())
+    return min(max(0.0, (when - now).total_seconds()), MAX_RETRY_AFTER_SECONDS)
+
+
+def hold_until(
+    now: dt.datetime,
+    asked_seconds: float,
+    earliest_deadline: dt.datetime | None,
+    http_seconds: float,
+) -> dt.datetime | None:
+    """The end of a queue hold a ``Retry-After`` of ``asked_seconds`` (already bounded by
+    MAX_RETRY_AFTER_SECONDS) asks for, bounded by the last retry slot of the queue's earliest
+    deadline, so that a hold never keeps a row from its last try. None: no hold (nothing asked,
+    or that last slot has come)."""
+    if asked_seconds <= 0:
+        return None
+    until = now + dt.timedelta(seconds=min(asked_seconds, MAX_RETRY_AFTER_SECONDS))
+    if earliest_deadline is not None:
+        until = min(until, last_slot(earliest_deadline, http_seconds))
+    return until if until > now else None
 
 
 def classify_response(
@@ -357,26 +392,33 @@ def backoff_cap(send_count: int) -> float:
     return min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (n - 1))
 
 
+def last_slot(deadline: dt.datetime, http_seconds: float) -> dt.datetime:
+    """The latest ``wake_at`` of a retry: LAST_TRY_MARGIN before the deadline minus the HTTP
+    bound, one LAST_SEND_MARGIN before the send cut-off (time to claim it)."""
+    return deadline - dt.timedelta(seconds=http_seconds) - LAST_TRY_MARGIN
+
+
 def next_wake(
     now: dt.datetime,
     deadline: dt.datetime,
     send_count: int,
     rng: RandomSource,
     retry_after: float | None = None,
+    http_seconds: float = 0.0,
 ) -> dt.datetime | None:
-    """When to try again: full jitter in ``[0, backoff_cap]``, not before ``Retry-After``, always
-    strictly before the deadline. ``None`` = no try fits (REVIEW ``DEADLINE_EXCEEDED``)."""
-    last_slot = deadline - LAST_TRY_MARGIN
-    wait = max(0.0, retry_after or 0.0)
-    # Compared as seconds first: a huge Retry-After is past the deadline, not an overflow.
-    if deadline_passed(now, deadline) or wait > (last_slot - now).total_seconds():
+    """When to try again: full jitter in ``[0, backoff_cap]``, not before ``Retry-After`` unless
+    that is past the last slot (then the last slot: a hold never takes a row's last try away),
+    never after :func:`last_slot`. ``None`` = no try fits (REVIEW ``DEADLINE_EXCEEDED``)."""
+    last = last_slot(deadline, http_seconds)
+    if now > last:
         return None
+    room = (last - now).total_seconds()
+    # Compared as seconds first: a huge Retry-After is the last slot, not an overflow.
+    wait = min(max(0.0, retry_after or 0.0), room)
     earliest = now + dt.timedelta(seconds=wait)
-    if earliest > last_slot:
-        return None
     delay = rng.uniform(0.0, backoff_cap(send_count))
     wake = max(now + dt.timedelta(seconds=delay), earliest)
-    return min(wake, last_slot)
+    return min(wake, last)
 
 
 def after_retryable(
@@ -385,12 +427,13 @@ def after_retryable(
     send_count: int,
     rng: RandomSource,
     retry_after: float | None = None,
+    http_seconds: float = 0.0,
 ) -> tuple[dt.datetime | None, str | None]:
     """(wake_at, None) for another try, or (None, REVIEW code) when no further try is allowed:
     the 100th send was the last (``ATTEMPTS_EXHAUSTED``) or no try fits before the deadline."""
     if send_count >= MAX_SENDS:
         return None, LastCode.ATTEMPTS_EXHAUSTED
-    wake = next_wake(now, deadline, send_count, rng, retry_after)
+    wake = next_wake(now, deadline, send_count, rng, retry_after, http_seconds)
     if wake is None:
         return None, LastCode.DEADLINE_EXCEEDED
     return wake, None

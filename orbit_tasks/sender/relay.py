@@ -29,7 +29,7 @@ from orbit_tasks import counters, failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
-from orbit_tasks.sender import policy, store
+from orbit_tasks.sender import holds, policy, store
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
 from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassStats, Sent
 
@@ -183,17 +183,21 @@ class Relay:
         self._queue_offset += 1
         claimed: list[store.Claimed] = []
         seen = guarded = 0
+        # Holds recorded by any sender process (sender_holds), and this process's own.
+        held = holds.held_queues(conn, identity.namespace_id, now)
         for queue in queues[start:] + queues[:start]:
             if len(claimed) >= limit:
                 break
-            if self.held(identity.namespace_id, queue):
+            if queue in held or self.held(identity.namespace_id, queue):
                 continue  # the platform asked this queue to wait: claim nothing of it
             ready: list[store.Candidate] = []
             for cand in store.due_candidates(
                 conn, identity.namespace_id, queue, now, limit - len(claimed)
             ):
                 seen += 1
-                code = policy.claim_guard(now, cand.send_count, cand.send_deadline_at)
+                code = policy.claim_guard(
+                    now, cand.send_count, cand.send_deadline_at, self.timeout_seconds
+                )
                 if code is None:
                     ready.append(cand)
                 elif store.guard_to_review(conn, cand, code, now):
@@ -261,7 +265,9 @@ class Relay:
         if check is not None:
             return Sent(owned, "review", code=check)
         elapsed = dt.timedelta(seconds=self.monotonic() - owned.mono)
-        if policy.too_late_to_send(row.claimed_at + elapsed, row.send_deadline_at):
+        if policy.too_late_to_send(
+            row.claimed_at + elapsed, row.send_deadline_at, self.timeout_seconds
+        ):
             return Sent(owned, "review", code=policy.LastCode.DEADLINE_EXCEEDED)
         if row.claimed_at + elapsed + dt.timedelta(seconds=self.timeout_seconds) >= row.lease_until:
             # Too little lease left for one bounded send: give it back unsent.
@@ -277,7 +283,9 @@ class Relay:
             now = row.claimed_at + dt.timedelta(seconds=self.monotonic() - owned.mono)
             wait = policy.parse_retry_after(result.retry_after, now)
             if wait:
-                self.hold(row.namespace_id, row.queue_id, wait, result.status)
+                # At once for this process's other sending threads; the pass's thread bounds it
+                # and records it for every process when it writes this outcome (_record_hold).
+                self.hold(row.namespace_id, row.queue_id, wait)
         return Sent(owned, "sent", result=result)
 
     # --- queue-wide back-off -------------------------------------------------------------------
@@ -288,19 +296,50 @@ class Relay:
             until = self._holds.get((namespace_id, queue_id))
         return until is not None and self.monotonic() < until
 
-    def hold(self, namespace_id: str, queue_id: str, seconds: float, status: int) -> None:
-        """Hold every send to (namespace, queue) for ``seconds`` (a 429 or 503 with
-        ``Retry-After``): the rest of that queue waits with the row that was told so, instead of
-        hitting a platform that asked everyone to wait; other queues keep flowing."""
+    def hold(
+        self, namespace_id: str, queue_id: str, seconds: float, *, replace: bool = False
+    ) -> None:
+        """Hold every send to (namespace, queue) in this process for ``seconds`` (a 429 or 503
+        with ``Retry-After``): the rest of that queue waits with the row that was told so,
+        instead of hitting a platform that asked everyone to wait; other queues keep flowing.
+        ``replace``: set this end even when it is earlier (the bounded, recorded hold)."""
         until = self.monotonic() + seconds
         with self._holds_lock:
             key = (namespace_id, queue_id)
-            if until <= self._holds.get(key, -math.inf):
+            if not replace and until <= self._holds.get(key, -math.inf):
                 return
             self._holds[key] = until
+
+    def _record_hold(
+        self, conn: Connection, sent: Sent, outcome: policy.Outcome, now: dt.datetime
+    ) -> None:
+        """A 429/503 with ``Retry-After``: the hold of its queue, bounded by the documented
+        maximum and by the last retry slot of the queue's earliest deadline, recorded in
+        ``sender_holds`` for every sender process (and this process's own hold set to it)."""
+        row, result = sent.owned.row, sent.result
+        if result is None or result.status not in HOLD_STATUSES or not outcome.retry_after:
+            return
+        earliest = holds.earliest_open_deadline(conn, row.namespace_id, row.queue_id)
+        if earliest is None or row.send_deadline_at < earliest:
+            earliest = row.send_deadline_at
+        until = policy.hold_until(now, outcome.retry_after, earliest, self.timeout_seconds)
+        seconds = 0.0 if until is None else (until - now).total_seconds()
+        self.hold(row.namespace_id, row.queue_id, seconds, replace=True)
+        if until is None:
+            return
+        holds.write_hold(
+            conn,
+            row.namespace_id,
+            row.queue_id,
+            until=until,
+            status=result.status,
+            asked_seconds=outcome.retry_after,
+            now=now,
+        )
         log_action(
-            logger, "sender.queue.held", namespace_id=namespace_id, queue_id=queue_id,
-            seconds=seconds, status=status,
+            logger, "sender.queue.held", namespace_id=row.namespace_id, queue_id=row.queue_id,
+            seconds=round(seconds, 3), asked_seconds=outcome.retry_after, status=result.status,
+            until=until.isoformat() + "Z",
         )  # fmt: skip
 
     # --- one row: the fenced outcome write (the pass's thread) ---------------------------------
@@ -335,8 +374,14 @@ class Relay:
             return outcome.code, "accepted", written
         code = outcome.code
         if outcome.kind == "retry":
+            self._record_hold(conn, sent, outcome, now)
             wake, final = policy.after_retryable(
-                now, row.send_deadline_at, row.send_count, self.rng, outcome.retry_after
+                now,
+                row.send_deadline_at,
+                row.send_count,
+                self.rng,
+                outcome.retry_after,
+                self.timeout_seconds,
             )
             if wake is not None:
                 return code, "retry", store.write_retry(conn, row, code, wake, now)
@@ -464,7 +509,7 @@ class Relay:
             self.client.identity()
         except IdentityUnavailable as exc:
             stats.identity_error = True
-            log_action(logger, "sender.identity.unavailable", logging.WARNING, reason=str(exc))
+            self._identity_unavailable(exc)
             return stats
         # Claim a page once that many rows are recorded; up to a window of rows is claimed and
         # not yet recorded, so sending threads always find queued rows while this thread writes
@@ -494,12 +539,7 @@ class Relay:
                     except IdentityUnavailable as exc:
                         stats.identity_error = drained = True
                         claiming = False
-                        log_action(
-                            logger,
-                            "sender.identity.unavailable",
-                            logging.WARNING,
-                            reason=str(exc),
-                        )
+                        self._identity_unavailable(exc)
                     if self.monotonic() >= claim_end:  # the refresh itself took the rest
                         identity, claiming = None, False
                 # While claiming goes on, outcomes wait for the next claim step (a page of them
@@ -522,6 +562,16 @@ class Relay:
         stats.more = not drained
         log_action(logger, "sender.pass.done", **stats.as_fields())
         return stats
+
+    def _identity_unavailable(self, exc: IdentityUnavailable) -> None:
+        """One WARNING line naming why and the API URL (its password hidden)."""
+        log_action(
+            logger,
+            "sender.identity.unavailable",
+            logging.WARNING,
+            reason=str(exc),
+            api_url=self.client.shown_url,
+        )
 
     def _send_to(self, done: Finished, owned: Owned, pass_end: float) -> None:
         """A sending thread: :meth:`send`, then hand the result to the pass's thread."""

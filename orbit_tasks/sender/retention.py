@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks import failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
@@ -42,6 +43,7 @@ class PruneReport:
     scanned: int = 0
     pages: int = 0
     pruned: dict[str, int] = field(default_factory=dict)  # state -> rows
+    skipped_in_both: int = 0  # live rows of operations that already have a compact record
     next_after: tuple[str, str] | None = None  # set when the budget ran out before the end
 
     @property
@@ -58,6 +60,7 @@ class PruneReport:
             "pruned": self.total,
             "accepted": self.pruned.get(OutboxState.ACCEPTED, 0),
             "review": self.pruned.get(OutboxState.REVIEW, 0),
+            "skipped_in_both": self.skipped_in_both,
             "next": None if self.next_after is None else ":".join(self.next_after),
         }
 
@@ -85,13 +88,36 @@ def _record(row: Any, now: dt.datetime) -> dict[str, Any]:
 
 
 def prunable_rows(rows: list[Any], cutoff: dt.datetime) -> list[Any]:
-    """The rows of a scanned page that may be pruned (``policy.prunable``)."""
+    """The rows of a scanned page that may be pruned (``policy.prunable``); never a row whose
+    operation already has a compact record (:func:`in_both`)."""
     out = []
     for row in rows:
+        if row.already_pruned_at is not None:
+            continue
         current = policy.resolution_current(row.state, row.updated_at, row.review_since)
         if policy.prunable(row.state, row.updated_at, row.resolved_at if current else None, cutoff):
             out.append(row)
     return out
+
+
+def in_both(rows: list[Any]) -> list[Any]:
+    """Rows of a scanned page whose operation is also in ``sender_pruned`` (an enqueue before
+    issue 23 could create one from an old snapshot): skipped, never deleted, logged."""
+    return [row for row in rows if row.already_pruned_at is not None]
+
+
+def _skipped(report: PruneReport, rows: list[Any]) -> None:
+    for row in rows:
+        report.skipped_in_both += 1
+        log_action(
+            logger,
+            "sender.prune.already_pruned",
+            logging.WARNING,
+            namespace_id=row.namespace_id,
+            operation_id=row.operation_id,
+            state=row.state,
+            kept="the live row (docs/operations.md: outbox row already pruned)",
+        )
 
 
 def _prune_together(conn: Connection, rows: list[Any], now: dt.datetime) -> None:
@@ -141,11 +167,15 @@ def prune(
                 if chosen and not dry_run:
                     _prune_together(conn, chosen, clock.now(conn))
             done = chosen
-        except _PageChanged:
+        except (_PageChanged, IntegrityError):
+            # IntegrityError: a compact record appeared since the scan (a live row of a pruned
+            # operation, issue 23); each row alone, that one skipped.
             log_action(logger, "sender.prune.page_changed", rows=len(chosen))
-            done = _one_by_one(engine, chosen, clock)
+            done, twice = _one_by_one(engine, chosen, clock)
+            _skipped(report, twice)
         if not page:
             break
+        _skipped(report, in_both(page))
         report.pages += 1
         report.scanned += len(page)
         cursor = (page[-1].namespace_id, page[-1].operation_id)
@@ -162,15 +192,17 @@ def prune(
         scanned=report.scanned,
         pages=report.pages,
         pruned=report.total,
+        skipped_in_both=report.skipped_in_both,
         more=report.next_after is not None,
     )
     return report
 
 
-def _one_by_one(engine: Engine, rows: list[Any], clock: Clock) -> list[Any]:
+def _one_by_one(engine: Engine, rows: list[Any], clock: Clock) -> tuple[list[Any], list[Any]]:
     """A page in which a row changed since the scan: each row in its own transaction; the rows
-    actually pruned (a row requeued meanwhile, or pruned by another prune, is skipped)."""
-    done = []
+    actually pruned (a row requeued meanwhile, or pruned by another prune, is skipped) and the
+    rows whose compact record exists already (kept, never deleted)."""
+    done, twice = [], []
     for row in rows:
         try:
             with engine.begin() as conn:
@@ -178,4 +210,6 @@ def _one_by_one(engine: Engine, rows: list[Any], clock: Clock) -> list[Any]:
             done.append(row)
         except _PageChanged:
             continue
-    return done
+        except IntegrityError:
+            twice.append(row)
+    return done, twice

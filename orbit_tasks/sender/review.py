@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
+from orbit_tasks import failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
 from orbit_tasks.logs import log_action
@@ -71,15 +72,20 @@ def _pages(
 # --- requeue ---------------------------------------------------------------------------------
 
 
-def requeue_one(engine: Engine, ns: str, op: str, clock: Clock = DB_CLOCK) -> Any:
+def requeue_one(
+    engine: Engine, ns: str, op: str, clock: Clock = DB_CLOCK, *, dry_run: bool = False
+) -> Any:
     """``orbit sender requeue NS OP``: REVIEW -> PENDING, same key and body; the row as it was.
-    Refused (IllegalState, exit 3) past its deadline, at 100 sends, or not in REVIEW."""
+    Refused (IllegalState, exit 3) past its deadline, at 100 sends, not in REVIEW, or pruned.
+    ``dry_run``: the same checks, nothing written."""
     with engine.begin() as conn:
-        row = load(conn, ns, op)
+        row = locked(conn, ns, op, "requeue")
         now = clock.now(conn)
         why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
         if why:
             raise IllegalState(f"cannot requeue {ns}/{op}: {why}")
+        if dry_run:
+            return row
         if not store.requeue(conn, row, now):
             raise IllegalState(f"cannot requeue {ns}/{op}: the row changed meanwhile; retry")
     _logged_requeue(row)
@@ -97,6 +103,16 @@ def _logged_requeue(row: Any) -> None:
     )
 
 
+def _resolved_by(conn: Connection, row: Any) -> str | None:
+    """Who resolved the current review of ``row`` (newest committed resolution), or None."""
+    found = store.get_resolution(conn, row.namespace_id, row.operation_id, latest=True)
+    if found is None:
+        return None
+    if not policy.resolution_current(row.state, row.updated_at, found.review_since):
+        return None
+    return str(found.resolved_by)
+
+
 def requeue_code(
     engine: Engine, code: str, namespace_id: str | None, *, dry_run: bool
 ) -> list[dict[str, Any]]:
@@ -104,25 +120,34 @@ def requeue_code(
     statement, row by row), or refused with the reason (resolved, deadline passed, 100 sends,
     changed meanwhile); with ``dry_run`` what would happen. A resolved row is one an operator
     marked as handled (e.g. re-created by hand): sending it in bulk could do its work twice, so
-    only naming it (:func:`requeue_one`) sends it."""
+    only naming it (:func:`requeue_one`) sends it. Each row is locked and read again before
+    its decision (:func:`store.lock_row`): a resolve racing the requeue is either seen (the row
+    is refused) or waits and then finds the row requeued (it is refused)."""
     items = []
     for conn, now, page in _pages(engine, code, namespace_id, unresolved=False):
-        for row in page:
+        failpoints.hit("sender.requeue.after_page")  # a page read, nothing locked yet
+        for seen in page:
+            row = seen if dry_run else store.lock_row(conn, seen.namespace_id, seen.operation_id)
+            if row is None or row.state != seen.state or row.updated_at != seen.updated_at:
+                items.append(_item(seen, "refused", "the row changed meanwhile"))
+                continue
+            resolver = seen.resolved_by if dry_run else _resolved_by(conn, row)
             why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
-            if not why and row.resolved_by is not None:
+            if not why and resolver is not None:
                 why = (
-                    f"resolved by {row.resolved_by}: handled by hand; "
+                    f"resolved by {resolver}: handled by hand; "
                     f"`orbit sender requeue {row.namespace_id} {row.operation_id}` sends it"
                 )
             if why:
-                items.append(_item(row, "refused", why))
+                items.append(_item(seen, "refused", why))
             elif dry_run:
-                items.append(_item(row, "would_requeue"))
+                items.append(_item(seen, "would_requeue"))
             elif store.requeue(conn, row, now):
-                items.append(_item(row, "requeued"))
+                items.append(_item(seen, "requeued"))
                 _logged_requeue(row)
             else:
-                items.append(_item(row, "refused", "the row changed meanwhile"))
+                items.append(_item(seen, "refused", "the row changed meanwhile"))
+        failpoints.hit("sender.requeue.before_commit")  # the page's rows locked and requeued
     return items
 
 
@@ -134,6 +159,20 @@ def load(conn: Connection, ns: str, op: str) -> Any:
     if row is None:
         raise NotFound(f"outbox row namespace {ns} operation {op} does not exist")
     return row
+
+
+def locked(conn: Connection, ns: str, op: str, verb: str) -> Any:
+    """The row (ns, op) locked for a dead-letter command; a pruned operation is a conflict
+    (exit 3: its record is there, ``sender show`` prints it), a missing one NotFound (exit 4)."""
+    row = store.lock_row(conn, ns, op)
+    if row is not None:
+        return row
+    if store.get_pruned(conn, ns, op) is not None:
+        raise IllegalState(
+            f"cannot {verb} {ns}/{op}: the operation was pruned (its compact record is in "
+            f"sender_pruned: `orbit sender show {ns} {op}`); there is no row to {verb}"
+        )
+    return load(conn, ns, op)  # NotFound
 
 
 def _checked(reason: str, actor: str) -> tuple[str, str]:
@@ -155,25 +194,37 @@ def _logged_resolution(row: Any, actor: str) -> None:
 
 
 def resolve_one(
-    engine: Engine, ns: str, op: str, *, reason: str, actor: str, clock: Clock = DB_CLOCK
+    engine: Engine,
+    ns: str,
+    op: str,
+    *,
+    reason: str,
+    actor: str,
+    clock: Clock = DB_CLOCK,
+    dry_run: bool = False,
 ) -> dict[str, Any]:
     """Mark the REVIEW row (ns, op) as handled by ``actor`` for ``reason``. Refused (exit 3)
-    when it is not in REVIEW or already resolved (naming by whom)."""
+    when it is not in REVIEW, pruned, or already resolved (naming by whom). The row is locked
+    first (see :func:`requeue_code`). ``dry_run``: the same checks, nothing written."""
     reason, actor = _checked(reason, actor)
     with engine.begin() as conn:
-        row = load(conn, ns, op)
+        row = locked(conn, ns, op, "resolve")
         if row.state != policy.OutboxState.REVIEW:
             raise IllegalState(
                 f"cannot resolve {ns}/{op}: state is {row.state}; only REVIEW rows are resolved"
             )
         now = clock.now(conn)
-        if not store.record_resolution(conn, row, resolved_by=actor, reason=reason, now=now):
-            found = store.get_resolution(conn, ns, op)
+        if _resolved_by(conn, row) is not None or (
+            not dry_run
+            and not store.record_resolution(conn, row, resolved_by=actor, reason=reason, now=now)
+        ):
+            found = store.get_resolution(conn, ns, op, latest=True)
             raise IllegalState(
                 f"cannot resolve {ns}/{op}: already resolved by {found.resolved_by} at "
                 f"{_iso(found.resolved_at)}"
             )
-    _logged_resolution(row, actor)
+    if not dry_run:
+        _logged_resolution(row, actor)
     return {
         "namespace_id": ns,
         "operation_id": op,
@@ -200,7 +251,16 @@ def resolve_code(
         for row in page:
             if dry_run:
                 items.append(_item(row, "would_resolve"))
-            elif store.record_resolution(conn, row, resolved_by=actor, reason=reason, now=now):
+                continue
+            current = store.lock_row(conn, row.namespace_id, row.operation_id)
+            if current is None or (current.state, current.updated_at) != (
+                row.state,
+                row.updated_at,
+            ):
+                items.append(_item(row, "skipped", "the row changed meanwhile (requeued)"))
+            elif _resolved_by(conn, current) is None and store.record_resolution(
+                conn, current, resolved_by=actor, reason=reason, now=now
+            ):
                 items.append(_item(row, "resolved"))
                 _logged_resolution(row, actor)
             else:

@@ -552,7 +552,8 @@ def get_pruned(conn: Connection, namespace_id: str, operation_id: str, latest: b
 def prune_scan_query(namespace_id: str | None, after: tuple[str, str] | None, limit: int) -> Any:
     """The next ``limit`` outbox rows in primary-key order (whatever their state: a page reads
     exactly that many rows, no index on state is needed), with what a compact record keeps:
-    the ``sender_jobs`` reference and the row's resolution (both by primary key)."""
+    the ``sender_jobs`` reference and the row's resolution, and whether the operation already
+    has a compact record (``already_pruned_at``; all three by primary key)."""
     return (
         select(
             o.c.namespace_id,
@@ -569,12 +570,17 @@ def prune_scan_query(namespace_id: str | None, after: tuple[str, str] | None, li
             j.c.source_ref,
             r.c.review_since,
             r.c.resolved_at,
+            p.c.pruned_at.label("already_pruned_at"),
         )
         .select_from(
             o.outerjoin(
                 j, and_(j.c.namespace_id == o.c.namespace_id, j.c.operation_id == o.c.operation_id)
-            ).outerjoin(
+            )
+            .outerjoin(
                 r, and_(r.c.namespace_id == o.c.namespace_id, r.c.operation_id == o.c.operation_id)
+            )
+            .outerjoin(
+                p, and_(p.c.namespace_id == o.c.namespace_id, p.c.operation_id == o.c.operation_id)
             )
         )
         .where(*_after(after, namespace_id))
@@ -673,10 +679,20 @@ def review_page(
     return list(conn.execute(stmt))
 
 
-def get_resolution(conn: Connection, namespace_id: str, operation_id: str) -> Any:
-    return conn.execute(
-        select(r).where(r.c.namespace_id == namespace_id, r.c.operation_id == operation_id)
-    ).first()
+def get_resolution(
+    conn: Connection, namespace_id: str, operation_id: str, latest: bool = False
+) -> Any:
+    stmt = select(r).where(r.c.namespace_id == namespace_id, r.c.operation_id == operation_id)
+    return conn.execute(_latest(stmt, latest)).first()
+
+
+def lock_row(conn: Connection, namespace_id: str, operation_id: str) -> Any:
+    """The outbox row, newest committed, locked until the transaction ends (``FOR UPDATE``;
+    SQLite: the transaction's write lock). Every dead-letter command locks the row before it
+    decides (requeue, resolve), so that a resolve and a requeue of one row are one after the
+    other: a resolved row is never requeued in bulk, a requeued row never reported resolved."""
+    stmt = select(o).where(o.c.namespace_id == namespace_id, o.c.operation_id == operation_id)
+    return conn.execute(stmt.with_for_update()).first()
 
 
 def record_resolution(

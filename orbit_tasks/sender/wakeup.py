@@ -52,6 +52,9 @@ _WRAPPED = "_orbit_sender_wake_wrapped"  # attribute on a dialect instance
 PUBLISH_BACKOFF_SECONDS = 5.0
 # A wake-up waiting longer than this is dropped by the worker (the tick has covered it).
 EXPIRES_SECONDS = 60.0
+# On the embedded filesystem broker a wake-up nobody consumes stays a file for ever; with this
+# many waiting, another adds nothing (a wake-up only says "run a pass") and is not written.
+MAX_WAITING_FILE_WAKEUPS = 8
 
 _install_lock = threading.Lock()
 
@@ -79,7 +82,7 @@ def _wrap(dialect: Dialect) -> None:
             settings = _take(dbapi_connection)
             commit(dbapi_connection)  # raises on a failed commit: nothing is published
             if settings is not None:
-                PUBLISHER.publish(settings)
+                PUBLISHER.wake(settings)
 
         def do_rollback(dbapi_connection: Any) -> None:
             _take(dbapi_connection)
@@ -125,12 +128,20 @@ def wakeup_message(task_id: str, now: dt.datetime) -> tuple[Any, dict[str, Any],
 
 
 class Publisher:
-    """One broker connection per process (re-made after a fork or a failure), used under a
-    lock; every publish is bounded and tried once."""
+    """One broker connection per process (re-made after a fork or a failure), used by one
+    publishing thread; every publish is bounded and tried once.
+
+    A committing thread never publishes itself (issue 23 item 6): :meth:`wake` asks the
+    publishing thread for a publish that starts after the commit, and waits for it at most
+    ``ORBIT_SENDER_WAKE_TIMEOUT_SECONDS``. Commits that arrive while a publish is on its way share
+    the next one, so a slow broker adds at most that bound to any commit, however many threads
+    commit; a short-lived script still sees its wake-up published before its commit returns
+    whenever the broker answers within the bound."""
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.monotonic = monotonic
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the connection and one publish at a time
+        self._after_fork()
         self._pid = 0
         self._conn: Any = None
         self._producer: Any = None
@@ -138,12 +149,66 @@ class Publisher:
         self._quiet_until = 0.0
         self.published = 0
 
+    def _after_fork(self) -> None:
+        self._cond = threading.Condition(threading.Lock())  # the generations below
+        self._requested = 0  # publishes asked for (each commit needs one starting after it)
+        self._started = 0  # the generation the running publish covers
+        self._done = 0  # publishes finished (taken or failed)
+        self._settings: Settings | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_pid = 0
+
+    def wake(self, settings: Settings) -> bool:
+        """Ask for one wake-up after a commit; wait for it at most the wake-up timeout. True when
+        it was published within that time."""
+        deadline = self.monotonic() + settings.sender_wake_timeout_seconds
+        with self._cond:
+            if self.monotonic() < self._quiet_until:
+                return False  # the broker failed a moment ago: no wait at all
+            mine = self._started + 1  # a publish already on its way began before this commit
+            self._requested = max(self._requested, mine)
+            self._settings = settings
+            self._ensure_thread()
+            self._cond.notify_all()
+            while self._done < mine:
+                left = deadline - self.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return self.monotonic() >= self._quiet_until
+
+    def _ensure_thread(self) -> None:
+        """The publishing thread of this process (a forked child starts its own)."""
+        if self._thread is not None and self._thread_pid == os.getpid():
+            return
+        self._thread = threading.Thread(target=self._run, name="orbit-sender-wakeup", daemon=True)
+        self._thread_pid = os.getpid()
+        self._thread.start()
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while self._requested <= self._done:
+                    cond.wait()
+                if cond is not self._cond:
+                    return  # forked and reset: this thread belongs to the old state
+                target, settings = self._requested, self._settings
+                self._started = target
+            assert settings is not None
+            self.publish(settings)
+            with cond:
+                self._done = max(self._done, target)
+                cond.notify_all()
+
     def publish(self, settings: Settings) -> bool:
-        """Publish one wake-up; False (and one log line) when the broker did not take it."""
+        """Publish one wake-up now; False (and one log line) when the broker did not take it."""
         with self._lock:
             if self.monotonic() < self._quiet_until:
                 return False
             try:
+                if settings.broker_is_filesystem and _enough_waiting(settings):
+                    return True  # nobody consumed the last ones: one more adds nothing
                 producer = self._producer_for(settings)
                 task_id = str(uuid.uuid4())
                 body, headers, properties = wakeup_message(task_id, dt.datetime.now(dt.UTC))
@@ -213,6 +278,7 @@ class Publisher:
         may have been held by a thread the child does not have (a publish in progress), and
         the parent's socket is not the child's to use or close."""
         self._lock = threading.Lock()
+        self._after_fork()  # the parent's publishing thread is not the child's
         self._conn = self._producer = None
         self._pid = 0
 
@@ -221,6 +287,24 @@ class Publisher:
         with self._lock:
             self._close()
             self._quiet_until = 0.0
+
+
+def _enough_waiting(settings: Settings) -> bool:
+    """Whether MAX_WAITING_FILE_WAKEUPS sender messages already wait in the filesystem broker's
+    folder (kombu names them ``<ms>_<uuid>.<queue>.msg``)."""
+    folder = Path(str(settings.filesystem_broker_options()["data_folder_in"]))
+    suffix = f".{SENDER_QUEUE}.msg"
+    waiting = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.endswith(suffix):
+                    waiting += 1
+                    if waiting >= MAX_WAITING_FILE_WAKEUPS:
+                        return True
+    except FileNotFoundError:
+        return False
+    return False
 
 
 PUBLISHER = Publisher()

@@ -8,13 +8,19 @@ ACCEPTED row holds the platform's original receipt byte-exact."""
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
+import json
 import threading
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, bindparam, select, text
 
-from orbit_tasks.sender import enqueue
+from orbit_tasks.db.engine import db_now
+from orbit_tasks.db.history_tables import tasks
+from orbit_tasks.sender import enqueue, policy
 from tests.support import sender as sender_support
+from tests.support.cli import orbit_env, run_orbit
 from tests.support.db import mariadb_database, migrated_engine
 from tests.support.sender import (
     World,
@@ -236,3 +242,192 @@ def test_retry_after_holds_the_whole_queue_and_only_that_queue(
     assert [p for p in during if p.key not in q0], "the other queue stopped too"
     resumed = [p.at for p in posts if p.key in q0 and p.at > t429 + grace]
     assert resumed and min(resumed) >= t429 + 2.0  # q0 resumes once the 2 s are over
+
+
+def _deadline_in(engine: Engine, ops: list[str], seconds: float) -> dt.datetime:
+    """Make rows look enqueued almost 24 h ago: their deadline is ``seconds`` from now
+    (created_at = deadline - 24 h satisfies ck_sender_deadline)."""
+    with engine.begin() as conn:
+        deadline = db_now(conn) + dt.timedelta(seconds=seconds)
+        conn.execute(
+            text(
+                "UPDATE sender_outbox SET created_at=:c, send_deadline_at=:d, wake_at=:c "
+                "WHERE operation_id IN :ops"
+            ).bindparams(bindparam("ops", expanding=True)),
+            {"c": deadline - dt.timedelta(hours=24), "d": deadline, "ops": ops},
+        )
+    return deadline
+
+
+def test_deadlines_reached_during_a_slow_request(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    """Issue 23 item 3: with the API 3 s slow (under the 5 s HTTP bound), rows whose deadline was
+    1.2-2.3 s away became platform tasks after ``send_deadline_at`` (a send started as long as
+    1 s was left). A send starts only when the whole HTTP bound plus the margin fits before the
+    deadline; the rest go to REVIEW DEADLINE_EXCEEDED unsent. Checked from the API's database:
+    no task created at or after its row's deadline, one task per operation."""
+    _, engine = business
+    timeout = 5.0
+    close = enqueue_many(engine, world.ns, world.queues, 12)  # 1.2..2.3 s left
+    inside = enqueue_many(engine, world.ns, world.queues, 4)  # 4..5.5 s: < bound + margin
+    far = enqueue_many(engine, world.ns, world.queues, 4)  # a day: sent, slowly
+    for i, op in enumerate(close):
+        _deadline_in(engine, [op], 1.2 + 0.1 * i)
+    for i, op in enumerate(inside):
+        _deadline_in(engine, [op], 4.0 + 0.5 * i)
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        return Fault("sleep", seconds=3.0) if method == "POST" else PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token, lease=60, timeout=timeout, concurrency=8)
+        drive(relay, engine, timeout=60)
+        relay.client.close()
+        proxy.settle()
+    table = rows(engine)
+    sent_keys = {p.key for p in proxy.posts()}
+    for op in close + inside:
+        r = table[op][0]
+        assert (r.state, r.last_code) == ("REVIEW", "DEADLINE_EXCEEDED"), (op, r.state)
+        assert "op-" + op not in sent_keys, "a send started without the HTTP bound left"
+    for op in far:
+        assert table[op][0].state == "ACCEPTED"
+    with world.platform.connect() as conn:
+        created = {
+            key: at
+            for key, at in conn.execute(
+                select(tasks.c.idempotency_key, tasks.c.created_at).where(
+                    tasks.c.idempotency_key.in_(["op-" + op for op in close + inside + far])
+                )
+            )
+        }
+    assert set(created) == {"op-" + op for op in far}
+    for op in far:
+        assert created["op-" + op] < table[op][0].send_deadline_at
+    assert set(platform_task_count(world.platform, list(created)).values()) == {1}
+    check_invariants(engine, world.platform)
+
+
+def _http_date(seconds_from_now: float) -> str:
+    return email.utils.format_datetime(
+        dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds_from_now), usegmt=True
+    )
+
+
+# (header, the hold it asks for in seconds: None = no hold)
+RETRY_AFTER_KINDS = {
+    "huge": ("99999999999999999999", policy.MAX_RETRY_AFTER_SECONDS),
+    "400_digits": ("9" * 400, policy.MAX_RETRY_AFTER_SECONDS),
+    "year_9999": ("Fri, 31 Dec 9999 23:59:59 GMT", policy.MAX_RETRY_AFTER_SECONDS),
+    "negative": ("-5", None),
+    "fractional": ("1.5", None),
+    "empty": ("", None),
+    "garbage": ("soon, maybe", None),
+    "date_past": ("Thu, 01 Jan 2004 00:00:00 GMT", None),
+    "zero": ("0", None),
+    "date_future": ("<in 2 s>", 2.0),
+    "small": ("2", 2.0),
+    "padded": ("  2  ", 2.0),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RETRY_AFTER_KINDS))
+def test_every_retry_after_is_bounded_and_never_freezes_the_queue(
+    world: World, business: tuple[str, Engine], kind: str
+) -> None:
+    """Issue 23 item 4: ``Retry-After: 99999999999999999999`` (or 400 digits) on a 429 sent that
+    row to REVIEW at once and held its queue for the life of the process (later rows PENDING,
+    send_count 0). Now every value is bounded before use (600 s at most), the hold ends at the
+    last retry slot of the queue's earliest deadline at the latest, it is recorded in
+    sender_holds, and every row is still sent before its deadline."""
+    url, engine = business
+    header, asked = RETRY_AFTER_KINDS[kind]
+    if header == "<in 2 s>":
+        header = _http_date(2.5)
+    timeout = 1.0
+    ops = enqueue_many(engine, world.ns, world.queues[:1], 6)
+    deadline = _deadline_in(engine, ops, 10.0)
+    told: list[str] = []
+    lock = threading.Lock()
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        with lock:
+            if method == "POST" and not told:
+                told.append(str(key))
+                return Fault("status", 429, (("Retry-After", header),))
+        return PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        relay = make_relay(engine, proxy.url, world.token, lease=10, timeout=timeout)
+        drive(relay, engine, timeout=40, pause=0.1)
+        relay.client.close()
+        proxy.settle()
+    table = rows(engine)
+    for op in ops:  # the hold never took a try away: no REVIEW, the queue did not freeze
+        r = table[op][0]
+        assert (r.state, r.last_code) == ("ACCEPTED", "ACCEPTED"), (kind, op, r.last_code)
+    assert table[told[0][3:]][0].send_count == 2
+    with engine.connect() as conn:
+        hold = conn.execute(text("SELECT * FROM sender_holds")).first()
+    if asked is None:
+        assert hold is None, hold
+    else:
+        assert hold is not None and hold.status == 429
+        assert abs(hold.asked_seconds - asked) <= 1
+        last_slot = policy.last_slot(deadline, timeout)
+        assert hold.held_until <= last_slot  # bounded by the earliest deadline
+        assert hold.held_until <= hold.set_at + dt.timedelta(seconds=asked + 1)
+        t429 = next(p.at for p in proxy.posts() if p.action == "status")
+        end = hold.held_until.replace(tzinfo=dt.UTC).timestamp()
+        during = [p for p in proxy.posts() if t429 + 0.1 < p.at < end - 0.05]
+        assert not during, "a send to the held queue"
+    with world.platform.connect() as conn:
+        created = dict(
+            conn.execute(
+                select(tasks.c.idempotency_key, tasks.c.created_at).where(
+                    tasks.c.idempotency_key.in_(["op-" + op for op in ops])
+                )
+            ).all()
+        )
+    assert len(created) == len(ops) and all(at < deadline for at in created.values())
+    check_invariants(engine, world.platform, require_accepted=True)
+
+
+def test_a_hold_is_honoured_by_every_sender_process_and_shown(
+    world: World, business: tuple[str, Engine]
+) -> None:
+    """The hold lives in the business database: a second sender (another process: no memory of
+    the answer) claims nothing of the held queue until it ends; ``sender show`` names it."""
+    url, engine = business
+    ops = enqueue_many(engine, world.ns, world.queues[:1], 4)
+    told: list[str] = []
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if method == "POST" and not told:
+            told.append(str(key))
+            return Fault("status", 503, (("Retry-After", "4"),))
+        return PASS
+
+    with fault_proxy(world.api.base_url, rule) as proxy:
+        first = make_relay(engine, proxy.url, world.token, lease=10, timeout=1.0, concurrency=1)
+        first.run_pass(max_claims=1, budget_seconds=2.0)
+        first.client.close()
+        assert told and rows(engine)[told[0][3:]][0].last_code == "UNAVAILABLE"
+        second = make_relay(engine, proxy.url, world.token, lease=10, timeout=1.0)
+        stats = second.run_pass(budget_seconds=1.0)
+        assert stats.claimed == 0, stats  # held for every process, not only the one told
+        shown = run_orbit(
+            ["sender", "show", world.ns, ops[1], "--json"], orbit_env(world.platform_url, url)
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["queue_held_until"] is not None
+        drive(second, engine, timeout=30, pause=0.2)
+        second.client.close()
+    check_invariants(engine, world.platform, require_accepted=True)
+    with engine.connect() as conn:
+        hold = conn.execute(text("SELECT * FROM sender_holds")).one()
+    t503 = next(p.at for p in proxy.posts() if p.action == "status")
+    resumed = min(p.at for p in proxy.posts() if p.action != "status")
+    assert resumed >= hold.held_until.replace(tzinfo=dt.UTC).timestamp() - 0.05
+    assert resumed >= t503 + 3.5

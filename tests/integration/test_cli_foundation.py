@@ -208,6 +208,21 @@ def test_storage_init_list_and_identity_rules(
     assert created["id"] in _ok(["storage", "list"], env)
 
 
+def test_a_repeated_queues_option_adds_up(env: dict[str, str], db: Engine) -> None:
+    """Issue 23: ``--queues a --queues b`` kept only ``b`` (a token narrower than asked for,
+    silently); now the lists add up, and a bad entry in any of them writes nothing."""
+    invoke_json(["namespace", "create", "acme"], env)
+    ids = [invoke_json(["queue", "create", "acme", name], env)["id"] for name in "abc"]
+    cred = invoke_json(
+        ["credential", "create", "acme", "--queues", "a", "--queues", "b,c", "--queues", "a"], env
+    )
+    assert sorted(cred["queues"]) == sorted(ids)
+    before = _count(db, credentials)
+    _fails(["credential", "create", "acme", "--queues", "a", "--queues", ""], env, 2, "empty")
+    _fails(["credential", "create", "acme", "--queues", "a", "--queues", "nope"], env, 4, "'nope'")
+    assert _count(db, credentials) == before == 1
+
+
 def test_queue_and_credential_lifecycle(env: dict[str, str], db: Engine) -> None:
     ns = invoke_json(["namespace", "create", "acme"], env)["id"]
     invoke_json(["namespace", "create", "other"], env)

@@ -63,7 +63,7 @@ BAD = [
     (["archive", "restore", "acme", "tasks", "--into", "sqlite:///t.sqlite3"],
      ["'--volume'", "missing"]),
     (["sender", "list", "--state", "LOST"], ["'--state'", "'LOST'", "'ACCEPTED'"]),
-    (["sender", "list", "--limit", "0"], ["'--limit'", "0", "1<=x<=10000"]),
+    (["sender", "list", "--limit", "0"], ["'--limit'", "0", "1<=x<=1000"]),
     (["storage", "init"], ["'PATH'", "missing"]),
     (["worker", "archive"], ["'--volume'", "missing"]),
     (["worker", "archive", "--volume", "v", "-c", "0"], ["'--concurrency'", "0", "1<=x<=256"]),

@@ -37,6 +37,7 @@ def test_orbit_demo_end_to_end(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Demo complete" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # nothing left outside it
 
     platform = make_engine(f"sqlite:///{demo / 'platform.sqlite3'}")
     business = make_engine(f"sqlite:///{demo / 'business.sqlite3'}")

@@ -15,10 +15,14 @@ from pathlib import Path
 import pytest
 from alembic import command
 from sqlalchemy import create_engine, text
+from sqlalchemy.dialects import mysql
 
 from orbit_tasks.db.business_tables import metadata as business_metadata
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import UpgradeResult, alembic_config, upgrade
+from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables, b0003_tables
+from orbit_tasks.db.migrations.frozen_0001 import create_statements
+from orbit_tasks.db.platform_tables import metadata as platform_metadata
 from orbit_tasks.sender import enqueue
 from tests.support.cli import invoke_orbit, orbit_env, run_orbit
 from tests.support.db import mariadb_database
@@ -85,7 +89,7 @@ def test_upgrade_adopts_hand_created_seed_tables_without_touching_a_row(chain: s
         after = mariadb_snapshot(url)
 
         assert result["action"] == "adopted" and sorted(result["adopted"]) == sorted(before)
-        assert len(result["created"]) == (21 if chain == "platform" else 2)
+        assert len(result["created"]) == (21 if chain == "platform" else 3)
         for table, snap in before.items():
             assert after[table] == snap, f"{table} was changed"
         version = "orbit_alembic_version" if chain == "platform" else "sender_alembic_version"
@@ -105,8 +109,8 @@ def test_upgrade_creates_only_what_is_missing() -> None:
         result = invoke_orbit(["sender", "db", "upgrade"], orbit_env(url, url))
         assert result.exit_code == 0, result.stderr
         assert result.stdout.strip() == (
-            "business database: adopted 1 existing tables, created 3 tables; "
-            "revision b0002 recorded"  # sender_jobs, and b0002's sender_pruned and resolutions
+            "business database: adopted 1 existing tables, created 4 tables; "
+            "revision b0003 recorded"  # sender_jobs, b0002's pruned and resolutions, b0003's holds
         )
 
 
@@ -351,12 +355,13 @@ def test_sqlite_adopts_tables_created_by_the_application_tool(tmp_path: Path) ->
     assert json.loads(result.stdout)["adopted"] == [
         "sender_jobs",
         "sender_outbox",
-        "sender_pruned",
+        "sender_pruned",  # b0002
         "sender_resolutions",
+        "sender_holds",  # b0003
     ]
     assert _sqlite_rows(url) == dump
     assert invoke_orbit(["sender", "db", "current"], env).stdout.strip() == (
-        "business database: revision b0002 (head)"
+        "business database: revision b0003 (head)"
     )
 
 
@@ -469,3 +474,71 @@ def test_p0004_widens_the_wait_reasons_keeping_the_rows(database: str, tmp_path:
         return
     with mariadb_database("orbit_p4") as url:
         check(url)
+
+
+def test_tables_of_b0002_made_by_hand_are_adopted_and_b0003_runs(tmp_path: Path) -> None:
+    """An application whose tool created the four tables of b0002 (no record of ours) upgrades
+    once b0003 exists: b0002's tables are adopted, b0003 records and creates sender_holds.
+    Before, every later table was one group, so the missing sender_holds refused the upgrade."""
+    url = f"sqlite:///{tmp_path / 'b2.sqlite3'}"
+    engine = make_engine(url)
+    b0001_tables.metadata.create_all(engine)
+    b0002_tables.metadata.create_all(engine)
+    engine.dispose()
+    _enqueue_rows(url)
+    dump = _sqlite_rows(url)
+    env = orbit_env(f"sqlite:///{tmp_path / 'platform.sqlite3'}", url)
+    result = invoke_orbit(["sender", "db", "upgrade", "--json"], env)
+    assert result.exit_code == 0, result.stderr
+    done = json.loads(result.stdout)
+    assert done["adopted"] == [
+        "sender_jobs",
+        "sender_outbox",
+        "sender_pruned",
+        "sender_resolutions",
+    ]
+    assert done["created"] == ["sender_holds"] and done["revision"] == "b0003"
+    assert {k: v for k, v in _sqlite_rows(url).items() if k != "sender_alembic_version"} == {
+        k: v for k, v in dump.items() if k != "sender_alembic_version"
+    }
+    assert invoke_orbit(["sender", "db", "check"], env).exit_code == 0
+    # b0003's table without b0002's: refused, nothing changed
+    other = f"sqlite:///{tmp_path / 'b3.sqlite3'}"
+    engine = make_engine(other)
+    b0001_tables.metadata.create_all(engine)
+    b0003_tables.metadata.create_all(engine)
+    engine.dispose()
+    before = (tmp_path / "b3.sqlite3").read_bytes()
+    refused = invoke_orbit(["sender", "db", "upgrade"], orbit_env(env["ORBIT_DATABASE_URL"], other))
+    assert refused.exit_code == 3, refused.stderr
+    assert "revision after b0002 exist but those of b0002" in refused.stderr
+    assert (tmp_path / "b3.sqlite3").read_bytes() == before
+
+
+def test_schema_doc_carries_the_b0003_ddl() -> None:
+    """docs/schema.md shows b0003's DDL for applications that own the sender tables."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text("utf-8")
+    for st in create_statements(b0003_tables.metadata):
+        text_ = str(st.compile(dialect=mysql.dialect())).strip().replace("\t", "    ")
+        assert "\n".join(line.rstrip() for line in text_.splitlines()) + ";" in doc
+
+
+def test_platform_tables_made_at_the_head_are_adopted_once_and_p0004_runs(tmp_path: Path) -> None:
+    """Every platform table created by hand as the head defines it (no record): each is adopted
+    once -- p0004 replaces p0002's waits table, it adds none -- p0003 is recorded, p0004 runs
+    on the adopted table and the waits keep accepting `replica_diverged`."""
+    url = f"sqlite:///{tmp_path / 'p.sqlite3'}"
+    engine = make_engine(url)
+    try:
+        platform_metadata.create_all(engine)
+        result = upgrade(engine, "platform")
+        assert (result.action, result.revision) == ("adopted", "p0004")
+        assert sorted(result.adopted) == sorted(set(result.adopted))
+        assert "orbit_archive_job_waits" in result.adopted
+        with engine.begin() as conn:
+            conn.execute(
+                text(WAIT_ROW.format(ns="x'" + "ab" * 16 + "'", job="x'" + "ef" * 16 + "'",
+                                     reason="replica_diverged"))
+            )  # fmt: skip
+    finally:
+        engine.dispose()

@@ -23,7 +23,12 @@ from tests.support import sender as sender_support
 from tests.support.api_server import free_port
 from tests.support.cli import ORBIT, REPO, orbit_env, run_orbit
 from tests.support.db import mariadb_database, migrated_engine, redis_url
-from tests.support.schema import create_b0002_tables, load_app_sender_tables, load_seed
+from tests.support.schema import (
+    create_b0002_tables,
+    create_b0003_tables,
+    load_app_sender_tables,
+    load_seed,
+)
 from tests.support.sender import World, check_invariants, enqueue_many, open_count
 
 pytestmark = [pytest.mark.mariadb]
@@ -52,7 +57,7 @@ def test_processes_refuse_to_start_on_missing_tables(empty_url: str, tmp_path: P
     env = orbit_env(empty_url, empty_url, ORBIT_VAR_DIR=str(tmp_path / "var"))
     platform = "platform database: table orbit_archive_control_generation is missing "
     platform += "(and 22 more); run `orbit db upgrade`"
-    business = "business database: table sender_jobs is missing (and 3 more); "
+    business = "business database: table sender_holds is missing (and 4 more); "
     business += "run `orbit sender db upgrade`"
     cases = {
         ("worker", "archive", "--volume", str(volume)): platform,
@@ -77,7 +82,7 @@ def test_celery_started_directly_refuses_too(empty_url: str, tmp_path: Path) -> 
     )
     platform = "error: platform database: table orbit_archive_control_generation is missing "
     platform += "(and 22 more); run `orbit db upgrade`"
-    business = "error: business database: table sender_jobs is missing (and 3 more); "
+    business = "error: business database: table sender_holds is missing (and 4 more); "
     business += "run `orbit sender db upgrade`"
     celery = [str(REPO / ".venv/bin/python"), "-m", "celery", "-A", "orbit_tasks.celery_app"]
     cases = {
@@ -117,11 +122,14 @@ def test_beat_of_an_outbox_only_deployment_checks_the_business_database(tmp_path
         env.pop("ORBIT_DATABASE_URL")
         env["ORBIT_SENDER_DATABASE_URL"] = url
         line = _refusal(run_orbit(["beat", "--print-command"], env))
-        assert "business database: table sender_jobs is missing" in line
+        assert "business database: table sender_holds is missing (and 4 more)" in line
         load_seed(url, "sender_outbox.sql")
         line = _refusal(run_orbit(["beat", "--print-command"], env))
-        assert "business database: table sender_pruned is missing (and 1 more)" in line
+        assert "business database: table sender_holds is missing (and 2 more)" in line
         create_b0002_tables(url)
+        line = _refusal(run_orbit(["beat", "--print-command"], env))
+        assert "business database: table sender_holds is missing" in line
+        create_b0003_tables(url)
         ok = run_orbit(["beat", "--print-command"], env)
         assert ok.returncode == 0, ok.stderr
 
@@ -129,7 +137,7 @@ def test_beat_of_an_outbox_only_deployment_checks_the_business_database(tmp_path
 @pytest.fixture
 def app_business() -> Iterator[tuple[str, Engine]]:
     """A business database whose sender tables the application's own tool created from the
-    seed DDL and the DDL of revision b0002: no migration record of ours."""
+    seed DDL and the DDL of revisions b0002 and b0003: no migration record of ours."""
     with mariadb_database("orbit_appdb") as url:
         load_app_sender_tables(url)
         engine = make_engine(url)

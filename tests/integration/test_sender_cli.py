@@ -208,3 +208,136 @@ def test_list_pages_with_a_cursor(biz: tuple[str, Engine]) -> None:
     assert "more:" not in text_all.stdout and all(op in text_all.stdout for op in ops)
     empty = invoke_json(["sender", "list", "--state", "ACCEPTED"], env)
     assert empty == {"items": [], "next": None}
+
+
+# --- issue 23: --dry-run writes nothing; the smaller refusals ----------------------------------
+
+
+def _tables(engine: Engine) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of the outbox's four tables: compared before and after a command."""
+    with engine.connect() as conn:
+        return {
+            table: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {table} ORDER BY 1, 2"))]
+            for table in ("sender_outbox", "sender_jobs", "sender_pruned", "sender_resolutions")
+        }
+
+
+def _refused(args: list[str], env: dict[str, str], code: int, *needles: str) -> None:
+    done = invoke_orbit(args, env)
+    assert done.exit_code == code, (args, done.exit_code, done.stdout, done.stderr)
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+    assert all(n in done.stderr for n in needles), done.stderr
+
+
+def test_dry_run_writes_nothing_in_any_sender_command(biz: tuple[str, Engine]) -> None:
+    """Issue 23 item 7: ``requeue NS OP --dry-run`` moved the row to PENDING and ``resolve NS OP
+    --dry-run`` recorded a resolution; only the --code forms honoured the flag. Every command
+    that accepts --dry-run, each compared table by table before and after."""
+    url, engine = biz
+    env = orbit_env("sqlite:///unused.sqlite3", url)
+    ops = sorted(enqueue_many(engine, NS, [Q], 3))
+    for op in ops[:2]:
+        _review(engine, op, last_code="REJECTED")
+    with engine.begin() as conn:  # one old ACCEPTED row for the prune
+        conn.execute(
+            text(
+                "UPDATE sender_outbox SET state='ACCEPTED', wake_at=NULL, last_code='ACCEPTED', "
+                'task_id=operation_id, receipt_json=\'{"task_id": "x"}\', '
+                "updated_at=updated_at - INTERVAL 8 DAY WHERE operation_id=:op"
+            ),
+            {"op": ops[2]},
+        )
+    commands = [
+        (["sender", "requeue", NS, ops[0], "--dry-run"], "would requeue"),
+        (["sender", "resolve", NS, ops[0], "--reason", "x", "--dry-run"], "would resolve"),
+        (["sender", "requeue", "--code", "REJECTED", "--dry-run"], "2 would_requeue"),
+        (["sender", "resolve", "--code", "REJECTED", "--reason", "x", "--dry-run"], "2 would"),
+        (["sender", "prune", "--older-than", "7d", "--dry-run"], "would prune 1 rows"),
+    ]
+    for args, said in commands:
+        before = _tables(engine)
+        done = invoke_orbit(args, env)
+        assert done.exit_code == 0 and said in done.stdout, (args, done.stdout, done.stderr)
+        assert _tables(engine) == before, args
+    as_json = invoke_json(["sender", "requeue", NS, ops[0], "--dry-run"], env)
+    assert as_json["dry_run"] is True and as_json["state"] == "REVIEW"
+    # the same refusals as without the flag (exit 3), nothing written either
+    invoke_json(["sender", "resolve", NS, ops[1], "--reason", "handled"], env)
+    before = _tables(engine)
+    _refused(["sender", "resolve", NS, ops[1], "--reason", "x", "--dry-run"], env, 3, "already")
+    _refused(["sender", "requeue", NS, ops[2], "--dry-run"], env, 3, "only REVIEW rows")
+    assert _tables(engine) == before
+
+
+def test_requeue_or_resolve_of_a_pruned_operation_says_it_was_pruned(
+    biz: tuple[str, Engine],
+) -> None:
+    """Issue 23: ``requeue NS OP`` of a pruned operation said "does not exist" (exit 4) while
+    ``show`` printed its record; now exit 3 naming the prune (also ``resolve``)."""
+    url, engine = biz
+    env = orbit_env("sqlite:///unused.sqlite3", url)
+    (op,) = enqueue_many(engine, NS, [Q], 1)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sender_outbox SET state='ACCEPTED', wake_at=NULL, last_code='ACCEPTED', "
+                'task_id=operation_id, receipt_json=\'{"task_id": "x"}\', '
+                "updated_at=updated_at - INTERVAL 8 DAY"
+            )
+        )
+    assert invoke_json(["sender", "prune", "--older-than", "7d"], env)["pruned"] == 1
+    assert invoke_json(["sender", "show", NS, op], env)["pruned"] is True
+    before = _tables(engine)
+    _refused(["sender", "requeue", NS, op], env, 3, "was pruned", f"sender show {NS} {op}")
+    _refused(["sender", "resolve", NS, op, "--reason", "x"], env, 3, "was pruned")
+    _refused(["sender", "requeue", NS, "c3" * 16], env, 4, "does not exist")
+    assert _tables(engine) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "extra_env", "code", "needles"),
+    [
+        # --namespace "" was looked up and exited 4
+        (["sender", "list", "--namespace", ""], {}, 2, ["namespace name ''"]),
+        (["sender", "prune", "--older-than", "7d", "--namespace", ""], {}, 2, ["''"]),
+        (["sender", "requeue", "--code", "REJECTED", "--namespace", ""], {}, 2, ["''"]),
+        # a stray space was accepted and the prune ran
+        (["sender", "prune", "--older-than", "1s "], {}, 2, ["'1s '", "without spaces"]),
+        # the one-line rule let U+0085 (and other separators) through
+        (["sender", "resolve", NS, "c3" * 16, "--reason", "a\u0085b"], {}, 2, ["U+0085"]),
+        (["sender", "resolve", NS, "c3" * 16, "--reason", "a\u2028b"], {}, 2, ["U+2028"]),
+        # ORBIT_OPERATOR was stored and printed verbatim: it could forge an "error:" line
+        (
+            ["sender", "resolve", NS, "c3" * 16, "--reason", "x"],
+            {"ORBIT_OPERATOR": "alice\nerror: forged"},
+            2,
+            ["ORBIT_OPERATOR", "U+000A"],
+        ),
+        # the docs say at most 1000
+        (["sender", "list", "--limit", "1001"], {}, 2, ["1001", "1<=x<=1000"]),
+    ],
+)
+def test_smaller_refusals_are_one_line_exit_2_and_write_nothing(
+    biz: tuple[str, Engine],
+    args: list[str],
+    extra_env: dict[str, str],
+    code: int,
+    needles: list[str],
+) -> None:
+    url, engine = biz
+    env = orbit_env("sqlite:///unused.sqlite3", url, **extra_env)
+    (op,) = enqueue_many(engine, NS, [Q], 1)
+    _review(engine, op, last_code="REJECTED", updated_at=dt.datetime(2026, 1, 1))
+    before = _tables(engine)
+    _refused(args, env, code, *needles)
+    assert _tables(engine) == before
+
+
+def test_list_default_and_bound_are_the_documented_ones(biz: tuple[str, Engine]) -> None:
+    """docs/cli.md: --limit default 50, at most 1000 (the code had 100 and 10,000)."""
+    url, engine = biz
+    env = orbit_env("sqlite:///unused.sqlite3", url)
+    enqueue_many(engine, NS, [Q], 51)
+    page = invoke_json(["sender", "list"], env)
+    assert len(page["items"]) == 50 and page["next"] is not None
+    assert len(invoke_json(["sender", "list", "--limit", "1000"], env)["items"]) == 51

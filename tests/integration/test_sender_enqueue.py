@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
+import secrets
 import threading
+import time
 from decimal import Decimal
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.orm import Session
 
 from orbit_tasks.db.engine import db_now, make_engine
-from orbit_tasks.sender import InvalidRequest, OutboxConflict, enqueue
+from orbit_tasks.db.faults import driver_code
+from orbit_tasks.errors import TransientError
+from orbit_tasks.sender import InvalidRequest, OutboxConflict, OutboxRetry, enqueue
 from orbit_tasks.sender import store as sender_store
+from orbit_tasks.sender.retention import prune
+from tests.support.outbox_invariants import Answers, check_outbox
 from tests.support.sender import new_op, rows
 
 pytestmark = pytest.mark.mariadb
@@ -286,3 +294,236 @@ def test_due_scan_uses_ix_sender_due(business_engine: Engine) -> None:
         plan = conn.execute(text(f"EXPLAIN {compiled}")).mappings().all()
         assert plan[0]["key"] == "ix_sender_due", plan
         assert len(sender_store.due_candidates(conn, NS, Q, now, 5)) == 5
+
+
+# --- issue 23: the decision "this operation is new" sees committed rows ------------------------
+
+ISOLATIONS = ["REPEATABLE READ", "READ COMMITTED", "SERIALIZABLE"]
+OLD = dt.timedelta(days=8)
+ARGS = dict(namespace_id=NS, queue_id=Q, request="{}", source_ref="r")
+
+
+def _app_engine(business_engine: Engine, isolation: str) -> Engine:
+    """The application's own engine at its own isolation level (MariaDB's default: RR)."""
+    return make_engine(
+        business_engine.url.render_as_string(hide_password=False), isolation_level=isolation
+    )
+
+
+def _snapshot(conn: Any) -> None:
+    """A first read: under REPEATABLE READ the transaction's snapshot starts here. A table no
+    other session writes, so that SERIALIZABLE's shared locks stop nobody."""
+    conn.execute(text("SELECT COUNT(*) FROM sender_resolutions")).scalar_one()
+
+
+def accept_and_prune(engine: Engine, ns: str, op: str) -> None:
+    """X becomes ACCEPTED long ago, a prune moves it to sender_pruned, and its sender_jobs row
+    goes (docs/sender.md allows that)."""
+    with engine.begin() as conn:
+        old = db_now(conn) - OLD
+        conn.execute(
+            text(
+                "UPDATE sender_outbox SET state='ACCEPTED', wake_at=NULL, last_code='ACCEPTED', "
+                'task_id=operation_id, receipt_json=\'{"task_id": "x"}\', updated_at=:old '
+                "WHERE namespace_id=:ns AND operation_id=:op"
+            ),
+            {"old": old, "ns": ns, "op": op},
+        )
+    assert prune(engine, older_than_seconds=7 * 86400).total == 1
+    with engine.begin() as conn:
+        conn.execute(
+            text("DELETE FROM sender_jobs WHERE namespace_id=:ns AND operation_id=:op"),
+            {"ns": ns, "op": op},
+        )
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_pruned_operation_is_not_new_in_a_snapshot_older_than_it(
+    business_engine: Engine, isolation: str
+) -> None:
+    """Issue 23 item 1: a transaction whose snapshot is older than X enqueues X after X was
+    accepted and pruned. Before: created=True under REPEATABLE READ (X sent again, or another
+    body sent under X's key), X in both tables, every later prune IntegrityError 1062."""
+    app = _app_engine(business_engine, isolation)
+    op = new_op()
+    args = dict(namespace_id=NS, queue_id=Q, operation_id=op, request='{"x": 1}', source_ref="r")
+    answers = Answers()
+    try:
+        with app.connect() as conn:
+            trans = conn.begin()
+            _snapshot(conn)
+            with business_engine.begin() as other:
+                first = enqueue(other, **args)  # type: ignore[arg-type]
+                answers.record(NS, op, '{"x": 1}', "r", first).committed()
+            accept_and_prune(business_engine, NS, op)
+            again = enqueue(conn, **args)  # type: ignore[arg-type]
+            answer = answers.record(NS, op, '{"x": 1}', "r", again)
+            assert (again.created, again.state) == (False, "ACCEPTED")
+            assert (again.created_at, again.send_deadline_at) == (
+                first.created_at,
+                first.send_deadline_at,
+            )
+            for change in ({"request": '{"x": 2}'}, {"source_ref": "other"}):
+                with pytest.raises(OutboxConflict):
+                    enqueue(conn, **{**args, **change})  # type: ignore[arg-type]
+                changed = {**args, **change}
+                answers.record(
+                    NS, op, changed["request"], changed["source_ref"], error=OutboxConflict()
+                )
+            trans.commit()
+            answer.committed()
+        check_outbox(business_engine, None, answers=answers)
+        assert _count(business_engine) == (0, 0)  # nothing written again
+        assert prune(business_engine, older_than_seconds=1).skipped_in_both == 0
+    finally:
+        app.dispose()
+
+
+def _accept_old(engine: Engine, ops: list[str]) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sender_outbox SET state='ACCEPTED', wake_at=NULL, last_code='ACCEPTED', "
+                'task_id=operation_id, receipt_json=\'{"task_id": "x"}\', updated_at=:old '
+                "WHERE namespace_id=:ns AND operation_id IN :ops"
+            ).bindparams(bindparam("ops", expanding=True)),
+            {"old": db_now(conn) - OLD, "ns": NS, "ops": ops},
+        )
+
+
+def test_a_prune_skips_an_operation_found_in_both_tables(
+    business_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 23 item 1: an operation in both tables (written by the defect above, or by hand)
+    never makes every later prune fail (before: IntegrityError 1062 on every run): it is
+    skipped, counted and logged; its live row stays."""
+    ops = sorted(new_op() for _ in range(3))
+    with business_engine.begin() as conn:
+        for op in ops:
+            enqueue(conn, **{**ARGS, "operation_id": op})  # type: ignore[arg-type]
+    accept_and_prune(business_engine, NS, ops[0])
+    with business_engine.begin() as conn:  # the defect's live row of a pruned operation
+        sender_store.insert_entry(
+            conn,
+            namespace_id=NS,
+            queue_id=Q,
+            operation_id=ops[0],
+            request_json="{}",
+            request_digest=hashlib.sha256(b"{}").digest(),
+            source_ref="r",
+            now=db_now(conn),
+        )
+    _accept_old(business_engine, ops)
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING, logger="orbit.sender.retention"):
+            report = prune(business_engine, older_than_seconds=7 * 86400)
+        assert report.skipped_in_both == 1
+        assert "sender.prune.already_pruned" in caplog.text and ops[0] in caplog.text
+        caplog.clear()
+    assert report.total == 0  # the second run: ops[1] and ops[2] went in the first
+    table = rows(business_engine)
+    assert set(table) == {ops[0]} and table[ops[0]][0].state == "ACCEPTED"  # never deleted
+
+
+def _wait_for_lock_wait(engine: Engine, timeout: float = 30.0) -> None:
+    """Until a transaction of this test's database waits for a lock (bounded polling)."""
+    end = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            waiting = conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN "
+                    "information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                    "WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
+                )
+            ).scalar_one()
+        if waiting:
+            return
+        assert time.monotonic() < end, "no transaction ever waited for the lock"
+        time.sleep(0.05)
+
+
+def test_a_deadlock_in_enqueue_is_outbox_retry_with_the_drivers_1213(
+    business_engine: Engine,
+) -> None:
+    """Issue 23 item 5: when the server picks enqueue()'s transaction as a deadlock victim it
+    rolls the whole transaction back, so the savepoint is gone; before, the application got
+    OperationalError 1305 'SAVEPOINT sa_savepoint_1 does not exist' (the 1213 only in
+    __context__). Now: OutboxRetry (a TransientError), code 1213, the driver's 1213 its cause."""
+    with business_engine.begin() as conn:
+        conn.execute(text("CREATE TABLE app_lock (id INT PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO app_lock VALUES (1)"))
+    op = new_op()
+    args = dict(namespace_id=NS, queue_id=Q, operation_id=op, request='{"x": 1}', source_ref="r")
+    raised: list[BaseException] = []
+    with business_engine.connect() as holder, business_engine.connect() as victim:
+        holder_trans = holder.begin()
+        victim_trans = victim.begin()
+        victim.execute(text("SELECT id FROM app_lock WHERE id = 1 FOR UPDATE")).all()
+        enqueue(holder, **args)  # type: ignore[arg-type]
+
+        def second() -> None:
+            try:
+                enqueue(victim, **args)  # type: ignore[arg-type]  # waits for the holder's row
+            except BaseException as exc:  # noqa: BLE001
+                raised.append(exc)
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        _wait_for_lock_wait(business_engine)
+        # the holder now waits for the victim's lock: a cycle; the lighter one is rolled back
+        holder.execute(text("SELECT id FROM app_lock WHERE id = 1 FOR UPDATE")).all()
+        thread.join(30)
+        holder_trans.commit()
+        victim_trans.rollback()
+    (exc,) = raised
+    assert isinstance(exc, OutboxRetry) and isinstance(exc, TransientError), repr(exc)
+    assert exc.code == 1213 and driver_code(exc.__cause__) == 1213
+    assert "deadlock" in str(exc) and op in str(exc)
+    assert _count(business_engine) == (1, 1)
+
+
+@pytest.mark.parametrize("same_operation", [True, False], ids=["same-op", "one-gap"])
+def test_serializable_concurrent_enqueues_do_not_deadlock(
+    business_engine: Engine, same_operation: bool
+) -> None:
+    """Issue 23 item 5: two SERIALIZABLE transactions enqueue at once (the same operation, or
+    two new ones in one index gap): before, 20 of 20 pairs deadlocked (each read took a shared
+    gap lock its neighbour's insert then waited for). Now both commit, one row each."""
+    app = _app_engine(business_engine, "SERIALIZABLE")
+    answers = Answers()
+    try:
+        for pair in range(5):
+            base = secrets.token_hex(15)
+            ops = [base + "10", base + ("10" if same_operation else "11")]
+            barrier = threading.Barrier(2)
+            errors: list[BaseException] = []
+
+            def one(op: str, barrier: threading.Barrier, errors: list[BaseException]) -> None:
+                try:
+                    with app.begin() as conn:
+                        _snapshot(conn)
+                        barrier.wait(10)
+                        got = enqueue(
+                            conn,
+                            namespace_id=NS,
+                            queue_id=Q,
+                            operation_id=op,
+                            request='{"x": 1}',
+                            source_ref="r",
+                        )
+                        answer = answers.record(NS, op, '{"x": 1}', "r", got)
+                    answer.committed()
+                except BaseException as exc:  # noqa: BLE001
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=one, args=(op, barrier, errors)) for op in ops]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert not errors, (pair, [repr(e) for e in errors])
+        check_outbox(business_engine, None, answers=answers)
+        assert _count(business_engine) == ((5, 5) if same_operation else (10, 10))
+    finally:
+        app.dispose()

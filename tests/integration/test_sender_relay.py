@@ -373,7 +373,8 @@ def test_claim_just_before_the_deadline_is_not_sent_after_it(
 
     relay = make_relay(engine, world.api.base_url, world.token, clock=SlowClock(0))
     identity = relay.client.identity()
-    deadline = _age(engine, [op], 0.3)
+    # claimable: the HTTP bound (2 s) and the margin (1 s) fit, with 0.3 s to spare
+    deadline = _age(engine, [op], 2.0 + 1.0 + 0.3)
     owned, _, _ = relay.claim_batch(identity, 10)
     assert [o.row.claimed_at < deadline for o in owned] == [True]  # claimed before it
     assert relay.process(owned[0]) == "review"

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from orbit_tasks.db.collation import map_collations_for_mariadb
-from orbit_tasks.db.migrations.business import b0002_tables
+from orbit_tasks.db.migrations.business import b0002_tables, b0003_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,18 +50,28 @@ def load_seed(url: str, seed_file: str, edit: Callable[[str], str] = lambda s: s
 
 def load_app_sender_tables(url: str) -> None:
     """What an application's own migration tool creates at the business head on MariaDB: the
-    seed tables from the seed DDL, then the sender's own tables of revision b0002 (the DDL
-    docs/schema.md prints), without any migration record of ours."""
+    seed tables from the seed DDL, then the sender's own tables of revisions b0002 and b0003 (the
+    DDL docs/schema.md prints), without any migration record of ours."""
     load_seed(url, SEED_FILES["business"])
     create_b0002_tables(url)
+    create_b0003_tables(url)
 
 
 def create_b0002_tables(url: str) -> None:
     """The tables revision b0002 adds (``sender_pruned``, ``sender_resolutions``), by hand."""
+    _create_tables(url, b0002_tables.metadata)
+
+
+def create_b0003_tables(url: str) -> None:
+    """The table revision b0003 adds (``sender_holds``), by hand."""
+    _create_tables(url, b0003_tables.metadata)
+
+
+def _create_tables(url: str, metadata: Any) -> None:
     engine = create_engine(url + "?charset=utf8mb4")
     try:
         with engine.begin() as conn:
-            for statement in create_statements(b0002_tables.metadata):
+            for statement in create_statements(metadata):
                 conn.execute(statement)
     finally:
         engine.dispose()

@@ -6,6 +6,8 @@ host, a black-holed network), which is what a time bound must survive. ``thaw()`
 ``blackhole_existing()`` resumes for new connections only, while the connections open so far stay
 silent forever (a route that died without a reset: only a client-side timeout gets out of it);
 ``close()`` drops every connection and stops listening (connection refused from then on).
+``delay_seconds`` holds every chunk the upstream answers for that long before it is forwarded
+(a slow network or a busy server: each request/response round trip takes that much longer).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._generation = 0  # connections of an older generation are black-holed
         self.connections = 0
+        self.delay_seconds = 0.0
         self._thread = threading.Thread(target=self._accept_loop, name="tcp-proxy", daemon=True)
         self._thread.start()
 
@@ -112,6 +115,8 @@ class TcpProxy:
                         continue
                     if not data:
                         return
+                    if src is upstream and self.delay_seconds:
+                        time.sleep(self.delay_seconds)
                     peers[src].setblocking(True)
                     peers[src].sendall(data)
                     peers[src].setblocking(False)

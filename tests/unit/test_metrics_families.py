@@ -61,6 +61,7 @@ def _business() -> BusinessReading:
         review={"REJECTED": 2},
         oldest_active_created=NOW - dt.timedelta(minutes=5),
         near_deadline=1,
+        holds={("ab" * 16, "cd" * 16): 42.5},
     )
 
 
@@ -93,6 +94,7 @@ def test_every_contract_metric_with_its_labels() -> None:
     assert labels["orbit_outbox_review_rows"] == {("last_code",)}
     assert labels["orbit_outbox_oldest_pending_seconds"] == {()}
     assert labels["orbit_outbox_rows_near_deadline"] == {()}
+    assert labels["orbit_outbox_queue_held_seconds"] == {("namespace_id", "queue_id")}
     assert set(CONTRACT_METRICS) <= names(m)
 
 
@@ -177,9 +179,12 @@ def test_outbox_states_and_review_codes_with_zeros_and_ages() -> None:
     assert len(review) == 10
     assert value(m, "orbit_outbox_oldest_pending_seconds") == 300
     assert value(m, "orbit_outbox_rows_near_deadline") == 1
+    held = series(m, "orbit_outbox_queue_held_seconds")
+    assert held == {(("namespace_id", "ab" * 16), ("queue_id", "cd" * 16)): 42.5}
     empty = BusinessReading(NOW, {}, {}, None, 0)
     m = _scrape(Snapshot(None, empty, None, business_configured=True))
     assert value(m, "orbit_outbox_oldest_pending_seconds") == 0
+    assert series(m, "orbit_outbox_queue_held_seconds") == {}  # no hold: no series
     # a row created after the clock read (clock skew between statements) is not negative
     skewed = BusinessReading(NOW, {"PENDING": 1}, {}, NOW + dt.timedelta(seconds=1), 0)
     m = _scrape(Snapshot(None, skewed, None, business_configured=True))

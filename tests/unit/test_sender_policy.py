@@ -161,18 +161,44 @@ def test_parse_retry_after_never_raises_on_odd_values() -> None:
     assert policy.parse_retry_after("\u00b2", NOW) is None  # str.isdigit() is True for it
     assert policy.parse_retry_after("\u0661\u0662", NOW) is None  # Arabic-Indic digits
     huge = policy.parse_retry_after("9" * 5000, NOW)  # over int()'s 4300-digit limit
-    assert huge is not None and huge > 1e9
+    assert huge == policy.MAX_RETRY_AFTER_SECONDS
+
+
+MAX = policy.MAX_RETRY_AFTER_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("99999999999999999999", MAX),  # huge: was inf, a hold for the life of the process
+        ("9" * 400, MAX),
+        ("0000000000000000000000000030", 30.0),  # leading zeros are not a huge value
+        ("601", MAX),
+        ("600", MAX),
+        ("-5", None),  # negative: unreadable, the backoff applies
+        ("1.5", None),  # fractional
+        ("", None),  # empty
+        ("soon", None),  # garbage
+        ("Thu, 01 Jan 2026 11:00:00 GMT", 0.0),  # an HTTP date in the past
+        ("Thu, 01 Jan 2026 12:05:00 GMT", 300.0),  # in the future
+        ("Fri, 01 Jan 9999 12:00:00 GMT", MAX),  # far in the future
+    ],
+)
+def test_retry_after_is_bounded_by_a_documented_maximum(header: str, seconds: float | None) -> None:
+    """Issue 23 item 4: every value a server sends is bounded before use."""
+    assert policy.parse_retry_after(header, NOW) == seconds
 
 
 @pytest.mark.parametrize("header", ["99999999999999", "9" * 400, "9" * 5000])
-def test_retry_after_beyond_any_datetime_is_deadline_exceeded(header: str) -> None:
-    """A Retry-After far past the deadline (even past datetime's range) -> REVIEW at once."""
+def test_a_huge_retry_after_never_takes_the_last_try(header: str) -> None:
+    """Before: a Retry-After past the deadline sent the row to REVIEW at once. Now it is bounded
+    and a row that would wait past its last slot gets the last slot instead."""
     seconds = policy.parse_retry_after(header, NOW)
-    assert policy.next_wake(NOW, DEADLINE, 1, Fixed(0.0), seconds) is None
-    assert policy.after_retryable(NOW, DEADLINE, 1, Fixed(0.0), seconds) == (
-        None,
-        policy.LastCode.DEADLINE_EXCEEDED,
-    )
+    wake = NOW + dt.timedelta(seconds=policy.MAX_RETRY_AFTER_SECONDS)
+    assert policy.next_wake(NOW, DEADLINE, 1, Fixed(0.0), seconds) == wake
+    soon = NOW + dt.timedelta(seconds=30)
+    last = policy.last_slot(soon, 5.0)
+    assert policy.after_retryable(NOW, soon, 1, Fixed(0.0), seconds, 5.0) == (last, None)
 
 
 # --- backoff ------------------------------------------------------------------------------------
@@ -223,12 +249,17 @@ def test_wake_is_clamped_before_the_deadline() -> None:
     assert wake is not None and wake < deadline
 
 
-def test_retry_after_past_the_deadline_means_deadline_exceeded() -> None:
+def test_retry_after_past_the_last_slot_is_the_last_slot() -> None:
     deadline = NOW + dt.timedelta(seconds=10)
-    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 10.0) is None
-    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 11.0) is None
-    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 9.0) is None  # inside the last 2 s
+    last = deadline - policy.LAST_TRY_MARGIN
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 10.0) == last
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 11.0) == last
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 9.0) == last  # inside the last 2 s
     assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 8.0) == NOW + dt.timedelta(seconds=8)
+    # the HTTP bound moves the last slot earlier by as much
+    assert policy.next_wake(NOW, deadline, 1, Fixed(0.0), 8.0, 3.0) == last - dt.timedelta(
+        seconds=3
+    )
 
 
 def test_no_retry_at_or_after_the_deadline() -> None:
@@ -239,13 +270,19 @@ def test_no_retry_at_or_after_the_deadline() -> None:
     assert policy.next_wake(last_slot + dt.timedelta(microseconds=1), DEADLINE, 1, Fixed(0)) is None
 
 
-def test_no_send_starts_within_the_last_send_margin() -> None:
-    cutoff = DEADLINE - policy.LAST_SEND_MARGIN
-    assert not policy.too_late_to_send(cutoff - dt.timedelta(microseconds=1), DEADLINE)
-    assert policy.too_late_to_send(cutoff, DEADLINE)
-    assert policy.too_late_to_send(DEADLINE, DEADLINE)
+@pytest.mark.parametrize("http", [0.0, 1.5, 10.0])
+def test_no_send_starts_unless_the_http_bound_and_the_margin_fit(http: float) -> None:
+    """Issue 23 item 3: a send starts only when the whole HTTP bound plus LAST_SEND_MARGIN fits
+    before the deadline."""
+    cutoff = DEADLINE - dt.timedelta(seconds=http) - policy.LAST_SEND_MARGIN
+    assert policy.send_cutoff(DEADLINE, http) == cutoff
+    assert not policy.too_late_to_send(cutoff - dt.timedelta(microseconds=1), DEADLINE, http)
+    assert policy.too_late_to_send(cutoff, DEADLINE, http)
+    assert policy.too_late_to_send(DEADLINE, DEADLINE, http)
     # the last retry slot leaves time to claim the row before the cut-off
-    assert cutoff > DEADLINE - policy.LAST_TRY_MARGIN
+    assert cutoff > policy.last_slot(DEADLINE, http)
+    assert policy.claim_guard(cutoff, 0, DEADLINE, http) == "DEADLINE_EXCEEDED"
+    assert policy.claim_guard(cutoff - dt.timedelta(microseconds=1), 0, DEADLINE, http) is None
 
 
 # --- guards -------------------------------------------------------------------------------------
@@ -254,14 +291,15 @@ def test_no_send_starts_within_the_last_send_margin() -> None:
 def test_deadline_boundary_now_equal_is_past() -> None:
     assert policy.deadline_passed(DEADLINE, DEADLINE)
     assert not policy.deadline_passed(DEADLINE - dt.timedelta(microseconds=1), DEADLINE)
-    assert policy.claim_guard(DEADLINE, 0, DEADLINE) == "DEADLINE_EXCEEDED"
-    assert policy.claim_guard(DEADLINE - dt.timedelta(microseconds=1), 0, DEADLINE) is None
+    assert policy.claim_guard(DEADLINE, 0, DEADLINE, 0.0) == "DEADLINE_EXCEEDED"
+    cutoff = DEADLINE - policy.LAST_SEND_MARGIN
+    assert policy.claim_guard(cutoff - dt.timedelta(microseconds=1), 0, DEADLINE, 0.0) is None
 
 
 def test_attempts_guard() -> None:
-    assert policy.claim_guard(NOW, 99, DEADLINE) is None
-    assert policy.claim_guard(NOW, 100, DEADLINE) == "ATTEMPTS_EXHAUSTED"
-    assert policy.claim_guard(DEADLINE, 100, DEADLINE) == "DEADLINE_EXCEEDED"
+    assert policy.claim_guard(NOW, 99, DEADLINE, 1.0) is None
+    assert policy.claim_guard(NOW, 100, DEADLINE, 1.0) == "ATTEMPTS_EXHAUSTED"
+    assert policy.claim_guard(DEADLINE, 100, DEADLINE, 1.0) == "DEADLINE_EXCEEDED"
 
 
 def test_requeue_refusals() -> None:
@@ -313,9 +351,10 @@ def test_after_retryable() -> None:
     assert policy.after_retryable(NOW, DEADLINE, 99, Fixed(0.0)) == (NOW, None)
     assert policy.after_retryable(NOW, DEADLINE, 100, Fixed(0.0)) == (None, "ATTEMPTS_EXHAUSTED")
     assert policy.after_retryable(DEADLINE, DEADLINE, 1, Fixed(0.0)) == (None, "DEADLINE_EXCEEDED")
+    # a hold never takes the last try: a wait past the last slot is the last slot
     assert policy.after_retryable(NOW, DEADLINE, 1, Fixed(0.0), 3600.0) == (
+        DEADLINE - policy.LAST_TRY_MARGIN,
         None,
-        "DEADLINE_EXCEEDED",
     )
 
 

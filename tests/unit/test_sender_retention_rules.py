@@ -51,9 +51,15 @@ def test_a_resolution_holds_only_for_the_review_it_was_recorded_on() -> None:
         ("", "allowed 1..500"),
         ("   ", "not blank"),
         ("x" * 501, "--reason is 501 characters"),
-        ("two\nlines", "control characters"),
-        ("tab\there", "control characters"),
-        ("\ud800", "lone surrogate"),
+        ("two\nlines", "non-printable character U+000A at position 3"),
+        ("tab\there", "non-printable character U+0009"),
+        ("\ud800", "non-printable character U+D800"),  # a lone surrogate
+        # issue 23: line separators other than \n passed the one-line rule
+        ("next\u0085line", "non-printable character U+0085"),
+        ("a\u2028b", "U+2028"),
+        ("a\u2029b", "U+2029"),
+        ("\u202eevil", "U+202E"),  # a bidi override
+        ("a\u00a0b", ""),  # a no-break space is a space
     ],
 )
 def test_reasons(reason: str, refused: str) -> None:
@@ -107,15 +113,29 @@ def test_who_resolves_operator_then_actor_then_the_os_user() -> None:
     assert load_settings({}).operator  # the password database's name for this uid
 
 
+@pytest.mark.parametrize("name", ["ORBIT_OPERATOR", "ORBIT_ACTOR"])
+@pytest.mark.parametrize("value", ["alice\nerror: forged", "bob\u0085", "eve\u2028x"])
+def test_an_operator_on_more_than_one_line_is_refused(name: str, value: str) -> None:
+    """Issue 23: ORBIT_OPERATOR holding a newline was stored and printed verbatim."""
+    with pytest.raises(InvalidInput) as refused:
+        load_settings({name: value, "USER": "u"})
+    message = str(refused.value)
+    assert name in message and "non-printable character U+" in message and "\n" not in message
+
+
 @pytest.mark.parametrize(
     ("text", "seconds", "why"),
     [
         ("7d", 604800, ""),
-        (" 36h ", 129600, ""),
+        ("36h", 129600, ""),
+        # issue 23: a stray space was accepted (and the prune ran)
+        ("1s ", 0, "--older-than '1s ' is not a duration"),
+        (" 36h", 0, "is not a duration"),
+        ("7 d", 0, "is not a duration"),
         ("1s", 1, ""),
         ("3650d", 3650 * 86400, ""),
-        ("7", 0, "--older-than '7' is not a duration; use an integer with s, m, h or d, e.g. 7d "
-         "(allowed 1s..3650d)"),
+        ("7", 0, "--older-than '7' is not a duration; use an integer with s, m, h or d, e.g. 7d, "
+         "without spaces (allowed 1s..3650d)"),
         ("\u0667d", 0, "is not a duration"),  # an Arabic-Indic 7
         ("7w", 0, "is not a duration"),
         ("-1d", 0, "is not a duration"),
