@@ -70,3 +70,10 @@ class LeaseLost(OrbitError):
 class ReaderLost(TransientError):
     """The archive's reader process ended without finishing its stream (killed, a fault of its
     own): the claim stops and its lease expires, like a dropped database connection."""
+
+
+class ReplicaDiverged(OrbitError):
+    """The archive's replica (``ORBIT_ARCHIVE_SOURCE_URL``) is not a copy of the primary: it has
+    executed transactions the primary has not (errant GTIDs), or a batch read there differs from
+    the same key range on the primary. A job waits ``replica_diverged``; a worker refuses to
+    start."""

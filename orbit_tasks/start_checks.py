@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from orbit_tasks.queues import ARCHIVE_QUEUE_PREFIX, CONTROL_QUEUE, SENDER_QUEUE
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from orbit_tasks.db.schema_check import Chain
 
 #: Chains already checked by the ``orbit`` command that started this process (comma-separated).
@@ -93,10 +95,10 @@ def refuse_unless_ready(chains: Iterable[Chain], *, source: bool = False) -> Non
 
 
 def require_source() -> None:
-    """With ``ORBIT_ARCHIVE_SOURCE_URL`` set: the replica answers, and every history table and
-    the heartbeat table is defined there exactly as on the platform database (docs/operations.md
-    "Read from a replica"). Raises the error the CLI words in one line; nothing without a
-    replica."""
+    """With ``ORBIT_ARCHIVE_SOURCE_URL`` set: the replica answers, every history table and the
+    heartbeat table is defined there exactly as on the platform database, and the replica has
+    executed no transaction the primary has not (docs/operations.md "Read from a replica").
+    Raises the error the CLI words in one line; nothing without a replica."""
     # Imported here: as above (the drivers and the schema check only when a check runs).
     from orbit_tasks.db.engine import redact_url
     from orbit_tasks.db.platform_tables import heartbeat
@@ -111,3 +113,21 @@ def require_source() -> None:
     shown = f"ORBIT_ARCHIVE_SOURCE_URL {redact_url(url)!r}"
     names = [*source_table_names(), heartbeat.name]
     require_same_tables(platform_engine(), source_engine(), names, shown)
+    require_contained(source_engine(), platform_engine(), shown)
+
+
+def require_contained(replica: Engine, primary: Engine, shown: str) -> None:
+    """Raise :class:`ReplicaDiverged` (one line starting with ``shown``) when the replica has
+    executed transactions its primary has not (errant GTIDs, ``db/gtid.py``)."""
+    # Imported here: as above.
+    from orbit_tasks.db import gtid
+    from orbit_tasks.errors import ReplicaDiverged
+
+    with replica.connect() as theirs, primary.connect() as ours:
+        found = gtid.errant_gtids(theirs, ours)
+    if found:
+        raise ReplicaDiverged(
+            f"{shown}: the replica has executed transactions the platform database has not "
+            f"(errant GTIDs {gtid.describe(found)}); the archive would read rows that are not "
+            'the primary\'s (docs/operations.md "replica_diverged")'
+        )

@@ -48,6 +48,7 @@ class WaitReason(enum.StrEnum):
     DB_LOAD = "db_load"
     REPLICA_LAG = "replica_lag"
     WINDOW = "window"
+    REPLICA_DIVERGED = "replica_diverged"
 
 
 class ControlKind(enum.StrEnum):
@@ -302,8 +303,25 @@ def replica_lagging(job: JobView, s: Situation) -> WaitReason | None:
     return WaitReason.REPLICA_LAG if replica_behind(beat, job.created_at) else None
 
 
+#: The key of :attr:`Situation.extra` holding the replica's errant GTIDs, ``d-s-n`` strings
+#: (present only when the archive reads a replica; empty: the primary contains them all).
+REPLICA_ERRANT = "replica_errant_gtids"
+
+
+def replica_diverging(job: JobView, s: Situation) -> WaitReason | None:
+    """A replica that executed transactions its primary has not is no copy of it (issue 24)."""
+    return WaitReason.REPLICA_DIVERGED if s.extra.get(REPLICA_ERRANT) else None
+
+
 #: In order: the first reason found is the one recorded.
-CHECKS: list[Check] = [paused, outside_window, db_loaded, replica_lagging, throttled]
+CHECKS: list[Check] = [
+    paused,
+    outside_window,
+    db_loaded,
+    replica_diverging,
+    replica_lagging,
+    throttled,
+]
 
 
 def first_wait(job: JobView, s: Situation, checks: Sequence[Check] = CHECKS) -> WaitReason | None:

@@ -149,16 +149,21 @@ def upgrade(engine: Engine, chain: Chain) -> UpgradeResult:
 
 def _later_revisions(spec: ChainSpec) -> list[tuple[str, list[str]]]:
     """(revision, the names of the tables it adds) for every revision after the baseline, oldest
-    first, from each revision's frozen copy (``migrations/<chain>/<revision>_tables.py``)."""
+    first, from each revision's frozen copy (``migrations/<chain>/<revision>_tables.py``). A
+    table an earlier revision added and a later one replaces (p0004's waits table) belongs to
+    the earlier one: the later revision adds nothing, so it is never adopted, it runs."""
     revisions = list(script_directory(spec.chain).walk_revisions("base", "heads"))
     out: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
     for rev in reversed(revisions):
         if rev.revision == spec.baseline:
             continue
         module = importlib.import_module(
             f"orbit_tasks.db.migrations.{spec.chain}.{rev.revision}_tables"
         )
-        out.append((rev.revision, sorted(module.metadata.tables)))
+        added = sorted(set(module.metadata.tables) - seen)
+        seen.update(added)
+        out.append((rev.revision, added))
     return out
 
 

@@ -390,7 +390,7 @@ job_waits = Table(
     Column("updated_at", DateTime6(), nullable=False, server_default=utc_now_default()),
     PrimaryKeyConstraint("namespace_id", "job_id", "reason"),
     CheckConstraint(
-        "reason IN ('paused','throttled','db_load','replica_lag','window')",
+        "reason IN ('paused','throttled','db_load','replica_lag','window','replica_diverged')",
         name="ck_archive_wait_reason",
     ),
     comment="seconds an archive job waited before a claim, by reason",

@@ -69,7 +69,8 @@ def platform_engine(*, create: bool = False) -> Engine:
 
 
 def source_engine() -> Engine:
-    """Where the archive reads history (the manifest's count, every batch, ``plan preview``):
+    """Where the archive reads history (every batch, ``plan preview``; the manifest's count is
+    the primary's):
     ``ORBIT_ARCHIVE_SOURCE_URL`` (a replica) when it is set, else the platform database. Its
     sessions have the platform database's bounds (the archive lease)."""
     settings = get_settings()

@@ -8,6 +8,7 @@ like everything else.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import upgrade
-from orbit_tasks.db.platform_tables import archive_jobs, heartbeat
+from orbit_tasks.db.platform_tables import archive_jobs, heartbeat, metadata
 from orbit_tasks.queues import queue_name
 from tests.support.archive_jobs import (
     LEASE,
@@ -45,6 +46,7 @@ from tests.support.archive_jobs import (
 )
 from tests.support.cli import assert_one_line_error, orbit_env, run_orbit
 from tests.support.mariadb_server import free_port
+from tests.support.metrics import running_exporter, value
 from tests.support.replica import ReplicaPair, replica_pair
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
@@ -82,7 +84,7 @@ def _checksums(engine: Engine) -> dict[str, object]:
         return {n: conn.execute(text(f"CHECKSUM TABLE `{n}` EXTENDED")).one()[1] for n in names}
 
 
-def _rerun_from_primary(ae: object, primary: Engine, done: Job, vol: Path) -> dict[str, bytes]:
+def _rerun_from_primary(ae: ArchiveEnv, primary: Engine, done: Job, vol: Path) -> dict[str, bytes]:
     """The same job (same row, range, created_at) run again from the start, reading the primary,
     into another directory of the same storage: its files."""
     write_identity(vol, done.storage_id, "again")
@@ -102,13 +104,35 @@ def _rerun_from_primary(ae: object, primary: Engine, done: Job, vol: Path) -> di
                 attempts=0,
             )  # fmt: skip
         )
-    settings = ae.settings  # type: ignore[attr-defined]
-    out = runner.run_job(
-        done.namespace_id.hex(), done.id.hex(), {done.storage_id.hex(): vol}, settings,
-        engine=primary, source_engine=primary, publish=lambda *a, **k: None,
-    )  # fmt: skip
-    assert out == "succeeded"
+    assert _deliver(ae, done, vol, primary, primary) == "succeeded"
     return file_snapshot(vol, done)
+
+
+def _deliver(ae: ArchiveEnv, job: Job, vol: Path, primary: Engine, source_db: Engine) -> str:
+    """One delivery of ``job`` in this process (plans, leases, confirms on ``primary``, history
+    read on ``source_db``), until one does not end with its time slice (``released``)."""
+    while True:
+        out = runner.run_job(
+            job.namespace_id.hex(), job.id.hex(), {job.storage_id.hex(): vol}, ae.settings,
+            engine=primary, source_engine=source_db, publish=lambda *a, **k: None,
+        )  # fmt: skip
+        if out != "released":
+            return out
+
+
+def _replicated_job(
+    ae: ArchiveEnv, pair: ReplicaPair, name: str, kind: str, roots: int, batch_size: int
+) -> tuple[bytes, bytes, Path, Job]:
+    """A namespace ``name`` with ``roots`` of ``kind``, a volume, a plan and the job a tick
+    created, everything replicated: (namespace, queue, volume, job)."""
+    ns, q = make_namespace(ae.engine, name)
+    vol = ae.tmp / "vol"
+    sid = make_volume(ae.engine, vol)
+    make_plan(ae.engine, ns, kind, sid, batch_size=batch_size)
+    seed(ae.engine, ns, q, kind, roots)
+    job = create_job(ae, ns, kind)
+    pair.wait_caught_up()
+    return ns, q, vol, job
 
 
 @pytest.mark.slow
@@ -197,18 +221,8 @@ def test_files_read_from_the_replica_equal_those_read_from_the_primary(
 ) -> None:
     primary_url, replica_url, primary, replica = dbs
     with archive_env(primary_url, primary, tmp_path) as ae:
-        ns, q = make_namespace(primary, "same-bytes")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "tasks", sid, batch_size=7)
-        seed(primary, ns, q, "tasks", 120)
-        job = create_job(ae, ns, "tasks")
-        pair.wait_caught_up()
-        out = runner.run_job(
-            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
-            source_engine=replica, publish=lambda *a, **k: None,
-        )  # fmt: skip
-        assert out == "succeeded"
+        ns, q, vol, job = _replicated_job(ae, pair, "same-bytes", "tasks", 120, 7)
+        assert _deliver(ae, job, vol, primary, replica) == "succeeded"
         done = ae.job(ns, job.id)
         assert_succeeded_exactly(ae, done, vol)
         from_replica = file_snapshot(vol, done)
@@ -216,51 +230,216 @@ def test_files_read_from_the_replica_equal_those_read_from_the_primary(
         assert from_replica == from_primary and len(from_replica) == done.batches + 1
 
 
-def test_the_reads_go_to_the_replica(
+def test_the_count_is_the_primarys_and_the_batches_are_read_on_the_replica(
     pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
 ) -> None:
-    """A root deleted on the replica alone (sql_log_bin = 0) is missing from the manifest's count
-    and the files: the count and every batch were read there, the job row stays the primary's."""
+    """Issue 24 item 2: with a root deleted on the replica alone, `plan preview` (which counts
+    there) shows one root less, but the job's manifest promises the primary's count; the batch
+    read there differs and the job waits. Repaired, it SUCCEEDS with the primary's roots."""
     primary_url, replica_url, primary, replica = dbs
     with archive_env(primary_url, primary, tmp_path) as ae:
-        ns, q = make_namespace(primary, "reads-there")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "events", sid, batch_size=5)
-        seed(primary, ns, q, "events", 40)
-        job = create_job(ae, ns, "events")
-        pair.wait_caught_up()
+        ns, q, vol, job = _replicated_job(ae, pair, "reads-there", "events", 40, 5)
         with primary.connect() as conn:
             rng = job_store.job_range(conn, job)
             keys = source.root_keys_in_range(conn, "events", ns, rng)
         database = primary.url.database
         assert database is not None
         pair.replica_local(database, f"DELETE FROM orbit_events WHERE id = x'{keys[0].hex()}'")
-        # `plan preview` counts on the replica too, and shows the beat it has applied
         env = {**ae.env, "ORBIT_ARCHIVE_SOURCE_URL": replica_url}
         doc = cli_json(run_orbit(["plan", "preview", "reads-there", "events", "--json"], env))
         assert doc["source"] == "replica" and doc["replica_beat_at"] is not None
-        start, until = doc["range_from"], doc["range_until"]
-        assert start is None
-        with primary.connect() as conn:
-            on_primary = conn.execute(
-                text(
-                    "SELECT COUNT(*) FROM orbit_events WHERE namespace_id = :n AND created_at < :u"
-                ),
-                {"n": ns, "u": until.replace("T", " ").rstrip("Z")},
-            ).scalar_one()
-        assert doc["roots"] == on_primary - 1
-        out = runner.run_job(
-            ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings, engine=primary,
-            source_engine=replica, publish=lambda *a, **k: None,
-        )  # fmt: skip
-        assert out == "succeeded"
+        assert doc["roots"] == len(keys) - 1  # counted there
+
+        def run() -> str:
+            return _deliver(ae, job, vol, primary, replica)
+
+        assert run() == "stopped"
+        (manifest,) = file_snapshot(vol, ae.job(ns, job.id)).values()
+        assert json.loads(manifest)["roots_total"] == len(keys)
+        _restore_rows(primary, replica, "orbit_events", ns, [keys[0]])
+        assert run() == "succeeded"
         done = ae.job(ns, job.id)
-        assert done.roots == len(keys) - 1
-        with replica.connect() as conn:
-            assert conn.execute(
-                text("SELECT state FROM orbit_archive_jobs WHERE id = :i"), {"i": job.id}
-            ).scalar() in ("PENDING", "SUCCEEDED")  # replicated from the primary
+        assert done.roots == len(keys)
+        assert_succeeded_exactly(ae, done, vol)
+
+
+def _restore_rows(
+    primary: Engine, replica: Engine, table: str, ns: bytes, ids: list[bytes]
+) -> None:
+    """Repair the replica by hand (``sql_log_bin = 0``): the primary's rows of ``ids`` in
+    ``table`` (a root table) replace whatever the replica has."""
+    t = metadata.tables[table]
+    with primary.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(t.select().where(t.c.id.in_(ids)))]
+    with replica.begin() as conn:
+        conn.execute(text("SET SESSION sql_log_bin = 0"))
+        conn.execute(t.delete().where(t.c.namespace_id == ns, t.c.id.in_(ids)))
+        if rows:
+            conn.execute(t.insert(), rows)
+
+
+ERRANT = {
+    # a root deleted, a child changed, a root inserted: each within the job's range
+    "delete": lambda key: [f"DELETE FROM orbit_tasks WHERE id = x'{key.hex()}'"],
+    "update": lambda key: [
+        f"UPDATE orbit_task_attempts SET worker = 'elsewhere' WHERE task_id = x'{key.hex()}'"
+    ],
+    "insert": lambda key: [
+        "INSERT INTO orbit_tasks (namespace_id, id, queue_id, state, request_json, "
+        "error_code, attempts, created_at, started_at, finished_at) "
+        f"SELECT namespace_id, x'{'ee' * 16}', queue_id, state, request_json, error_code, "
+        f"attempts, created_at, started_at, finished_at FROM orbit_tasks WHERE id = x'{key.hex()}'"
+    ],
+}
+
+
+def _repair(pair: ReplicaPair, primary: Engine, replica: Engine, ns: bytes, key: bytes) -> None:
+    """The replica made equal to the primary again for the rows ERRANT touched."""
+    _restore_rows(primary, replica, "orbit_tasks", ns, [key, bytes.fromhex("ee" * 16)])
+    t = metadata.tables["orbit_task_attempts"]
+    with primary.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(t.select().where(t.c.task_id == key))]
+    with replica.begin() as conn:
+        conn.execute(text("SET SESSION sql_log_bin = 0"))
+        conn.execute(t.delete().where(t.c.namespace_id == ns, t.c.task_id == key))
+        if rows:
+            conn.execute(t.insert(), rows)
+
+
+@pytest.mark.parametrize(
+    ("change", "reader"), [("delete", "process"), ("update", "process"), ("insert", "thread")]
+)
+def test_an_errant_write_without_binlog_stops_the_job_until_the_replica_agrees(
+    pair: ReplicaPair,
+    dbs: tuple[str, str, Engine, Engine],
+    tmp_path: Path,
+    change: str,
+    reader: str,
+) -> None:
+    """Issue 24 item 1: a root deleted, a child row changed or a root inserted on the replica
+    alone (``sql_log_bin = 0``: no GTID). Before the job: its first read differs from the
+    primary's, nothing but the manifest is confirmed. During the job (the change is in a later
+    chunk): the files before it are confirmed, the chunk's are not. Each time the claim is given
+    back without confirming (attempts not counted), the job waits `replica_diverged` (never
+    SUCCEEDED with the replica's rows) and, once the replica is repaired, SUCCEEDS with the
+    primary's rows -- files equal to a run read from the primary. The read-ahead runs in its
+    reader process, and in threads of the runner's process."""
+    primary_url, replica_url, primary, replica = dbs
+    with archive_env(primary_url, primary, tmp_path, ORBIT_ARCHIVE_READER=reader) as ae:
+        ns, q, vol, job = _replicated_job(ae, pair, f"errant-{change}", "tasks", 160, 4)
+        with primary.connect() as conn:
+            keys = source.root_keys_in_range(conn, "tasks", ns, job_store.job_range(conn, job))
+        database = primary.url.database
+        assert database is not None and len(keys) > 100
+
+        def run() -> str:
+            return _deliver(ae, job, vol, primary, replica)
+
+        for key, confirmed in ((keys[0], lambda b: b == 0), (keys[-3], lambda b: b > 0)):
+            pair.replica_local(database, *ERRANT[change](key))
+            for _ in range(2):  # and again while the replica still differs
+                assert run() == "stopped"
+                held = ae.job(ns, job.id)
+                assert held.state is JobState.PENDING and held.error_code == "", held
+                assert _show(ae, held)["waiting"] == "replica_diverged", _show(ae, held)
+                assert held.lease_id is None and confirmed(held.batches), held
+                assert held.attempts == held.batches + 1  # the manifest's claim and one a file
+                assert _show(ae, held)["waiting"] == "replica_diverged"
+                on_disk = file_snapshot(vol, held)
+                assert len(on_disk) == held.batches + 1  # nothing beyond the confirmed chain
+            _repair(pair, primary, replica, ns, key)
+        assert run() == "succeeded"
+        done = ae.job(ns, job.id)
+        assert done.roots == len(keys)
+        assert_succeeded_exactly(ae, done, vol)
+        shown = _show(ae, done)
+        assert shown["waiting"] is None and shown["waited_seconds"]["replica_diverged"] > 0
+        verify = ae.orbit("job", "verify", f"errant-{change}", job.id.hex(), "--volume", str(vol))
+        assert verify.stdout.startswith("ok: "), verify.stdout
+        from_replica = file_snapshot(vol, done)
+        from_primary = _rerun_from_primary(ae, primary, done, tmp_path / "vol-primary")
+        assert from_replica == from_primary
+
+
+@pytest.mark.slow
+def test_a_real_worker_stops_at_a_diverged_chunk_and_finishes_after_the_repair(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    """A real `orbit worker archive` (its reader process) on the replica, a child row changed
+    there alone in the range's last part: the worker logs `archive.job.replica_diverged`, the job
+    waits with that reason through ticks; repaired, the job SUCCEEDS with the primary's rows."""
+    primary_url, replica_url, primary, replica = dbs
+    with archive_env(
+        primary_url, primary, tmp_path, ORBIT_ARCHIVE_SOURCE_URL=replica_url,
+        ORBIT_ARCHIVE_READER="process",
+    ) as ae:  # fmt: skip
+        ns, q, vol, job = _replicated_job(ae, pair, "worker-errant", "tasks", 120, 5)
+        w = ae.worker("replica", [vol])
+        with primary.connect() as conn:
+            keys = source.root_keys_in_range(conn, "tasks", ns, job_store.job_range(conn, job))
+        database = primary.url.database
+        assert database is not None
+        pair.replica_local(database, *ERRANT["update"](keys[-2]))
+        wait_for(lambda: _show(ae, job)["waiting"] == "replica_diverged", 60, "diverged wait")
+        assert "archive.job.replica_diverged" in w.text()
+        exp_env = {k: v for k, v in ae.env.items() if k != "ORBIT_SENDER_DATABASE_URL"}
+        exp_env.update(ORBIT_METRICS_CACHE_SECONDS="1")
+        with running_exporter(exp_env, tmp_path) as exporter:  # the gauge the alert reads
+            s = exporter.scrape()
+            waiting = value(
+                s,
+                "orbit_archive_jobs_waiting",
+                storage=job.storage_id.hex(),
+                reason="replica_diverged",
+            )
+            assert waiting == 1
+        for _ in range(3):
+            ae.tick()
+            time.sleep(1)
+            held = ae.job(ns, job.id)
+            assert held.state in (JobState.PENDING, JobState.RUNNING), held
+        _repair(pair, primary, replica, ns, keys[-2])
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done.state is JobState.SUCCEEDED, done
+        assert_succeeded_exactly(ae, done, vol)
+
+
+def test_an_errant_gtid_is_refused_at_worker_start_and_at_the_claim(
+    pair: ReplicaPair, dbs: tuple[str, str, Engine, Engine], tmp_path: Path
+) -> None:
+    """A transaction written on the replica WITH its binary log (a GTID of server 2 the primary
+    never wrote): `orbit worker archive` refuses to start in one line naming it, and a claim
+    waits `replica_diverged` (not claimed, attempts flat). Replicated transactions that move
+    the replica's position past it do not hide it. Repaired (``RESET MASTER`` on the replica,
+    docs/operations.md), the job runs."""
+    primary_url, replica_url, primary, replica = dbs
+    with archive_env(primary_url, primary, tmp_path) as ae:
+        ns, q, vol, job = _replicated_job(ae, pair, "gtid", "events", 20, 5)
+        database = primary.url.database
+        assert database is not None
+        env = orbit_env(primary_url, ORBIT_ARCHIVE_SOURCE_URL=replica_url)
+        try:
+            with pair.replica_admin.connect() as conn:
+                conn.execute(text(f"CREATE TABLE `{database}`.errant_note (i INT)"))
+                errant = conn.execute(text("SELECT @@gtid_binlog_pos")).scalar_one()
+            assert errant.startswith("0-2-"), errant
+            seed(primary, ns, q, "events", 3, seed=9)  # the primary moves on, and the replica
+            pair.wait_caught_up()
+            proc = _worker_start(env, vol)
+            line = assert_one_line_error(proc, 1, "ORBIT_ARCHIVE_SOURCE_URL", "errant GTIDs")
+            assert errant in line, line
+            direct = run_celery_worker(env, queue_name(job.storage_id))  # started by celery itself
+            assert direct.returncode == 1 and "celery@" not in direct.stdout, direct.stderr
+            assert direct.stderr.strip().splitlines()[-1] == line.strip(), direct.stderr
+            assert _deliver(ae, job, vol, primary, replica) == "waiting"
+            held = ae.job(ns, job.id)
+            assert (held.state, held.attempts, held.batches) == (JobState.PENDING, 0, 0), held
+            assert _show(ae, held)["waiting"] == "replica_diverged"
+        finally:
+            with pair.replica_admin.connect() as conn:
+                conn.execute(text("RESET MASTER"))
+        assert _deliver(ae, job, vol, primary, replica) == "succeeded"
+        assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
 
 
 def _worker_start(env: dict[str, str], vol: Path) -> subprocess.CompletedProcess[str]:

@@ -1,9 +1,10 @@
 """Every revision builds its tables from its own frozen copy (SPEC §12).
 
-Today the frozen copies (p0001 + p0002 + p0003 for the platform chain, b0001 + b0002 + b0003 for the
-business chain) and the live table modules agree exactly (every CREATE TABLE / CREATE INDEX for
-MySQL 8, MariaDB and SQLite); a later change of a live module cannot change what an old revision
-creates (proved in a fresh interpreter that changes live tables and renders both chains).
+Today the frozen copies (p0001 + p0002 + p0003 + p0004 for the platform chain, b0001 + b0002 +
+b0003 for the business chain) and the live table modules agree exactly (every CREATE TABLE /
+CREATE INDEX for MySQL 8, MariaDB and SQLite); a later change of a live module cannot change
+what an old revision creates (proved in a fresh interpreter that changes live tables and renders
+both chains).
 """
 
 from __future__ import annotations
@@ -14,14 +15,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, Table
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Dialect
 
 from orbit_tasks.db import business_tables, history_tables, platform_tables
 from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables, b0003_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
-from orbit_tasks.db.migrations.platform import p0001_tables, p0002_tables, p0003_tables
+from orbit_tasks.db.migrations.platform import (
+    p0001_tables,
+    p0002_tables,
+    p0003_tables,
+    p0004_tables,
+)
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "orbit_tasks" / "db" / "migrations"
@@ -49,6 +55,8 @@ def _ddl(metadata: MetaData, dialect: Dialect) -> dict[str, list[str]]:
 
 FROZEN = {
     "platform": (p0001_tables.metadata, p0002_tables.metadata, p0003_tables.metadata),
+    # then the tables a later revision replaced, as that revision leaves them
+    "platform+": (p0004_tables.metadata,),
     "business": (b0001_tables.metadata, b0002_tables.metadata, b0003_tables.metadata),
 }
 
@@ -62,6 +70,10 @@ def test_frozen_revisions_agree_with_live_modules(chain: str, dialect: str) -> N
     for revision in FROZEN[chain]:
         ddl = _ddl(revision, DIALECTS[dialect])
         assert not set(ddl) & set(frozen), "a table created by two revisions"
+        frozen.update(ddl)
+    for revision in FROZEN.get(f"{chain}+", ()):
+        ddl = _ddl(revision, DIALECTS[dialect])
+        assert set(ddl) <= set(frozen), "a replacing revision replaces existing tables only"
         frozen.update(ddl)
     assert sorted(frozen) == sorted(live.tables)
     assert frozen == _ddl(live, DIALECTS[dialect])
@@ -80,6 +92,29 @@ def test_p0003_creates_only_new_tables() -> None:
     assert list(p0003_tables.metadata.tables) == ["orbit_archive_object_storages"]
 
 
+def test_p0004_replaces_the_wait_reasons_check_only() -> None:
+    """p0004 (issue 24) changes ``ck_archive_wait_reason`` of p0002's waits table to accept
+    ``replica_diverged``; every other part of the table is p0002's."""
+    assert list(p0004_tables.metadata.tables) == ["orbit_archive_job_waits"]
+    old = p0002_tables.metadata.tables["orbit_archive_job_waits"]
+    new = p0004_tables.metadata.tables["orbit_archive_job_waits"]
+    for dialect in DIALECTS.values():
+        before, after = (_ddl(_alone(t), dialect)["orbit_archive_job_waits"] for t in (old, new))
+        assert after == [
+            before[0].replace(
+                "'replica_lag','window')", "'replica_lag','window','replica_diverged')"
+            )
+        ]
+    assert script_directory("platform").get_revision("p0004").down_revision == "p0003"
+    assert head_revision("platform") == "p0004"
+
+
+def _alone(table: Table) -> MetaData:
+    one = MetaData()
+    table.to_metadata(one)
+    return one
+
+
 def test_business_head_is_b0003_on_b0002_on_b0001() -> None:
     assert head_revision("business") == "b0003"
     assert script_directory("business").get_revision("b0003").down_revision == "b0002"
@@ -94,7 +129,7 @@ def test_revision_files_never_import_the_live_table_modules() -> None:
         *MIGRATIONS.glob("*/?000?_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 13
+    assert len(files) == 15
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):

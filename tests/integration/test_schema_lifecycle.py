@@ -22,6 +22,7 @@ from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import UpgradeResult, alembic_config, upgrade
 from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables, b0003_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
+from orbit_tasks.db.platform_tables import metadata as platform_metadata
 from orbit_tasks.sender import enqueue
 from tests.support.cli import invoke_orbit, orbit_env, run_orbit
 from tests.support.db import mariadb_database
@@ -208,11 +209,11 @@ def test_an_empty_version_table_left_by_older_releases_is_adopted() -> None:
                 )
             )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0003", 2)
+        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0004", 2)
         with engine.connect() as conn:
             versions = conn.execute(text("SELECT version_num FROM orbit_alembic_version")).all()
         engine.dispose()
-        assert [v[0] for v in versions] == ["p0003"]
+        assert [v[0] for v in versions] == ["p0004"]
 
 
 @pytest.mark.mariadb
@@ -223,7 +224,7 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         assert json.loads(current.stdout) == {
             "at_head": False,
             "database": "platform",
-            "head": "p0003",
+            "head": "p0004",
             "revision": None,
         }
         fresh = invoke_orbit(["db", "check"], env)
@@ -231,10 +232,10 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         missing = "missing tables: orbit_archive_control_generation, orbit_archive_controls"
         assert missing in fresh.stdout
         assert invoke_orbit(["db", "upgrade"], env).stdout.strip() == (
-            "platform database: created 23 tables; revision p0003 recorded"
+            "platform database: created 23 tables; revision p0004 recorded"
         )
         assert invoke_orbit(["db", "current"], env).stdout.strip() == (
-            "platform database: revision p0003 (head)"
+            "platform database: revision p0004 (head)"
         )
         ok = invoke_orbit(["db", "check", "--json"], env)
         assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True
@@ -260,7 +261,8 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
 def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
     """A database migrated to p0001 by an earlier release, with rows in the seed and platform
     tables: `db check` asks for the upgrade, `db upgrade` creates the five control tables (p0002)
-    and the S3 locations (p0003) and records p0003, and no existing row changes."""
+    and the S3 locations (p0003), widens the wait reasons (p0004) and records p0004, and no
+    existing row changes."""
     with mariadb_database("orbit_p1") as url:
         engine = make_engine(url)
         with engine.connect() as conn, conn.begin():
@@ -280,11 +282,11 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         env = orbit_env(url, url)
         stale = invoke_orbit(["db", "check"], env)
         assert stale.exit_code == 1
-        assert "revision p0001 is recorded, head is p0003; run `orbit db upgrade`" in stale.stdout
+        assert "revision p0001 is recorded, head is p0004; run `orbit db upgrade`" in stale.stdout
         done = run_orbit(["db", "upgrade", "--json"], env)
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
-        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0003", [])
+        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0004", [])
         assert sorted(result["created"]) == [
             "orbit_archive_control_generation",
             "orbit_archive_controls",
@@ -296,7 +298,7 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         human = invoke_orbit(["db", "upgrade"], env)
         assert (
             human.stdout.strip()
-            == "platform database: already current (revision p0003); nothing changed"
+            == "platform database: already current (revision p0004); nothing changed"
         )
         after = mariadb_snapshot(url)
         for table, snap in before.items():
@@ -419,6 +421,61 @@ def test_sqlite_platform_upgrade_check_and_a_changed_index(tmp_path: Path) -> No
     )
 
 
+WAIT_ROW = """INSERT INTO orbit_archive_job_waits (namespace_id, job_id, reason, since, waited_us,
+    updated_at) VALUES ({ns}, {job}, '{reason}', NULL, 7, '2026-01-02 03:04:05.000001')"""
+
+
+@pytest.mark.parametrize("database", [pytest.param("mariadb", marks=pytest.mark.mariadb), "sqlite"])
+def test_p0004_widens_the_wait_reasons_keeping_the_rows(database: str, tmp_path: Path) -> None:
+    """A database at p0003 with wait rows: p0004 lets `replica_diverged` in (which p0003 refuses)
+    and keeps every row; the downgrade removes the rows of that reason and refuses it again."""
+
+    def blob(h: str) -> str:
+        return f"x'{h * 16}'"
+
+    def at(url: str, revision: str, direction: str = "upgrade") -> None:
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn, conn.begin():
+                cfg = alembic_config("platform")
+                cfg.attributes["connection"] = conn
+                getattr(command, direction)(cfg, revision)
+        finally:
+            engine.dispose()
+
+    def run(url: str, sql: str) -> list[tuple[object, ...]]:
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                result = conn.execute(text(sql))
+                return [tuple(r) for r in result] if result.returns_rows else []
+        finally:
+            engine.dispose()
+
+    def check(url: str) -> None:
+        at(url, "p0003")
+        run(url, WAIT_ROW.format(ns=blob("ab"), job=blob("ef"), reason="replica_lag"))
+        diverged = WAIT_ROW.format(ns=blob("ab"), job=blob("ef"), reason="replica_diverged")
+        with pytest.raises(Exception, match="ck_archive_wait_reason|CHECK"):
+            run(url, diverged)
+        at(url, "head")
+        run(url, diverged)
+        rows = run(url, "SELECT reason, waited_us FROM orbit_archive_job_waits ORDER BY reason")
+        assert rows == [("replica_diverged", 7), ("replica_lag", 7)]
+        with pytest.raises(Exception, match="ck_archive_wait_reason|CHECK"):
+            run(url, WAIT_ROW.format(ns=blob("ab"), job=blob("ee"), reason="nonsense"))
+        at(url, "p0003", "downgrade")
+        assert run(url, "SELECT reason FROM orbit_archive_job_waits") == [("replica_lag",)]
+        with pytest.raises(Exception, match="ck_archive_wait_reason|CHECK"):
+            run(url, diverged)
+
+    if database == "sqlite":
+        check(f"sqlite:///{tmp_path / 'p.sqlite3'}")
+        return
+    with mariadb_database("orbit_p4") as url:
+        check(url)
+
+
 def test_tables_of_b0002_made_by_hand_are_adopted_and_b0003_runs(tmp_path: Path) -> None:
     """An application whose tool created the four tables of b0002 (no record of ours) upgrades
     once b0003 exists: b0002's tables are adopted, b0003 records and creates sender_holds.
@@ -464,3 +521,24 @@ def test_schema_doc_carries_the_b0003_ddl() -> None:
     for st in create_statements(b0003_tables.metadata):
         text_ = str(st.compile(dialect=mysql.dialect())).strip().replace("\t", "    ")
         assert "\n".join(line.rstrip() for line in text_.splitlines()) + ";" in doc
+
+
+def test_platform_tables_made_at_the_head_are_adopted_once_and_p0004_runs(tmp_path: Path) -> None:
+    """Every platform table created by hand as the head defines it (no record): each is adopted
+    once -- p0004 replaces p0002's waits table, it adds none -- p0003 is recorded, p0004 runs
+    on the adopted table and the waits keep accepting `replica_diverged`."""
+    url = f"sqlite:///{tmp_path / 'p.sqlite3'}"
+    engine = make_engine(url)
+    try:
+        platform_metadata.create_all(engine)
+        result = upgrade(engine, "platform")
+        assert (result.action, result.revision) == ("adopted", "p0004")
+        assert sorted(result.adopted) == sorted(set(result.adopted))
+        assert "orbit_archive_job_waits" in result.adopted
+        with engine.begin() as conn:
+            conn.execute(
+                text(WAIT_ROW.format(ns="x'" + "ab" * 16 + "'", job="x'" + "ef" * 16 + "'",
+                                     reason="replica_diverged"))
+            )  # fmt: skip
+    finally:
+        engine.dispose()

@@ -84,12 +84,17 @@ class ReplicaPair:
             conn.execute(text("START SLAVE SQL_THREAD"))
 
     def replica_local(self, database: str, *statements: str) -> None:
-        """Statements run on the replica alone (``sql_log_bin = 0``): a local difference."""
+        """Statements run on the replica alone (``sql_log_bin = 0``): a local difference. The
+        pooled connection gets its binary log back afterwards (a later statement on it, such as
+        an errant transaction a test means to log, is logged)."""
         with self.replica_admin.connect() as conn:
             conn.execute(text("SET SESSION sql_log_bin = 0"))
-            conn.execute(text(f"USE `{database}`"))
-            for statement in statements:
-                conn.execute(text(statement))
+            try:
+                conn.execute(text(f"USE `{database}`"))
+                for statement in statements:
+                    conn.execute(text(statement))
+            finally:
+                conn.execute(text("SET SESSION sql_log_bin = 1"))
 
     @contextmanager
     def database(self, prefix: str = "orbit_r") -> Iterator[tuple[str, str]]:

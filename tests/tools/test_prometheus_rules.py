@@ -29,6 +29,7 @@ REQUIRED = {
     "OrbitArchiveJobsFailed",
     "OrbitArchivePlansOverdue",
     "OrbitArchiveBacklogNotShrinking",
+    "OrbitArchiveReplicaDiverged",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
@@ -101,7 +102,8 @@ def test_promtool_checks_rules_and_config() -> None:
 
 def test_promtool_rule_unit_tests() -> None:
     """Unserved, source down (a source, then the exporter itself), unresolved REVIEW rows, rows near
-    the deadline, failed jobs, overdue plans and expired leases, at exact evaluation times."""
+    the deadline, failed jobs, overdue plans, expired leases and a diverged replica, at exact
+    evaluation times."""
     result = _promtool("test", "rules", str(RULE_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
     tested = set(re.findall(r"alertname: (\w+)", RULE_TESTS.read_text(encoding="utf-8")))

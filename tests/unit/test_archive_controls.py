@@ -22,14 +22,17 @@ S, N = b"\x01" * 16, b"\x02" * 16
 T0 = datetime(2026, 12, 1, 5, 59, 59, 999999)
 
 
-def test_wait_reasons_are_the_issues_five_words() -> None:
+def test_wait_reasons_are_the_issues_words() -> None:
+    """Issue 16's five, and issue 24's ``replica_diverged`` (p0004's CHECK)."""
     assert [r.value for r in WaitReason] == [
         "paused",
         "throttled",
         "db_load",
         "replica_lag",
         "window",
+        "replica_diverged",
     ]
+    assert max(len(r.value) for r in WaitReason) <= 16  # orbit_archive_job_waits.reason
 
 
 def test_scope_keys_cover_every_scope_above_a_job() -> None:

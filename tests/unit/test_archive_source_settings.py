@@ -8,6 +8,7 @@ import pytest
 
 from orbit_tasks.archive.controls import (
     REPLICA_BEAT,
+    REPLICA_ERRANT,
     JobView,
     Situation,
     WaitReason,
@@ -73,3 +74,14 @@ def test_replica_lag_is_one_of_the_checks_before_a_claim() -> None:
     assert first_wait(job, behind) is WaitReason.REPLICA_LAG
     assert first_wait(job, Situation(now, extra={REPLICA_BEAT: None})) is WaitReason.REPLICA_LAG
     assert first_wait(job, Situation(now, extra={REPLICA_BEAT: created})) is None
+
+
+def test_an_errant_replica_waits_replica_diverged_before_its_lag() -> None:
+    """Issue 24: a replica with errant GTIDs is no copy of the primary, caught or not."""
+    created = datetime(2026, 5, 1, 12, 0, 0)
+    job = JobView(b"s" * 16, b"n" * 16, "tasks", b"j" * 16, created)
+    now = created + timedelta(minutes=1)
+    errant = {REPLICA_ERRANT: ["0-2-7"], REPLICA_BEAT: None}
+    assert first_wait(job, Situation(now, extra=errant)) is WaitReason.REPLICA_DIVERGED
+    clean = {REPLICA_ERRANT: [], REPLICA_BEAT: created}
+    assert first_wait(job, Situation(now, extra=clean)) is None

@@ -4,11 +4,11 @@ The prospective job is the row a tick would insert for the plan at the database 
 (:func:`plan_store.new_job_row`); its range comes from the same :func:`store.jobs.range_at` the
 runner derives every job's range with (SPEC §5), so the preview and the job agree by
 construction. Roots and children in the range are exact counts on the source (the replica when
-``ORBIT_ARCHIVE_SOURCE_URL`` is set, like the manifest's count). Bytes and files are estimated
-from a sample (docs/cli.md "orbit plan preview"): up to ``SAMPLE_ROOTS`` roots read at
-``SAMPLE_POINTS`` evenly spaced settled times of the range, encoded into lines by the runner's
-own encoder and packed into batch files by its own builder and cap rule; the sample's bytes per
-root and roots per file are extrapolated to the range.
+``ORBIT_ARCHIVE_SOURCE_URL`` is set, like the batches; a job's manifest counts on the primary).
+Bytes and files are estimated from a sample (docs/cli.md "orbit plan preview"): up to
+``SAMPLE_ROOTS`` roots read at ``SAMPLE_POINTS`` evenly spaced settled times of the range,
+encoded into lines by the runner's own encoder and packed into batch files by its own builder
+and cap rule; the sample's bytes per root and roots per file are extrapolated to the range.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 While the runner writes batch *n* durably and confirms it, two threads prepare the files after
 it: a *reader* (its own connection for the whole chain) asks for several batches' roots per
-keyset query (:func:`claims.read_ahead_roots`) and encodes them into canonical lines; a
+keyset query (:func:`claims.read_ahead_roots`) -- read from a replica, each such chunk is checked
+against the primary first (``store/source_check.py``: a difference ends the stream with
+:class:`ReplicaDiverged` after the files of the chunks before it) -- and encodes them into
+canonical lines; a
 *packer* cuts the lines into files of ``batch_size`` roots (halved to fit the per-file cap),
 gzips and hashes them. Reading, gzip, hashing, ``fsync`` and the database round trips release
 the GIL, so the stages overlap. The threads write nothing: not to the database, not to the
@@ -16,6 +19,7 @@ the files prepared before them.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import queue
@@ -35,7 +39,7 @@ from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.lines import Key, LineEncoder
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.store import source
+from orbit_tasks.archive.store import source, source_check
 from orbit_tasks.logs import log_action
 
 log = logging.getLogger("orbit.archive.engine.readahead")
@@ -147,8 +151,10 @@ class ReadAhead:
         rng: ArchiveRange,
         cursor: source.Cursor | None,
         cap: int,
+        check: Engine | None = None,
     ) -> None:
         self._engine = engine
+        self._check = check  # the primary, when ``engine`` is its replica (issue 24)
         self._job = job
         self._rng = rng
         self._cursor = cursor
@@ -228,13 +234,19 @@ class ReadAhead:
         encoder = source.line_encoder(job.kind)
         cursor, last = self._cursor, None
         encoded_bytes = encoded_roots = 0
-        with self._engine.connect() as conn:
+        with self._engine.connect() as conn, contextlib.ExitStack() as stack:
+            primary = None if self._check is None else stack.enter_context(self._check.connect())
             while not self._stop.is_set():
                 limit = claims.read_ahead_roots(job.batch_size, encoded_bytes, encoded_roots)
                 with conn.begin():  # short: SQLite's BEGIN IMMEDIATE must not linger
                     chunk = source.read_chunk(
                         conn, job.kind, job.namespace_id, self._rng, cursor, limit
                     )
+                if primary is not None:  # before any line of the chunk reaches a file
+                    with primary.begin():
+                        source_check.check_chunk(
+                            primary, job.kind, job.namespace_id, self._rng, cursor, chunk
+                        )
                 items = encode_chunk(encoder, chunk, last)
                 encoded_bytes += sum(len(line) for _, line in items)
                 encoded_roots += len(items)

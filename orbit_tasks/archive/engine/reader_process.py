@@ -9,13 +9,15 @@ the runner over a pipe. The runner writes and confirms them exactly as before: t
 writes nothing, not to the database (its connection only reads) nor to a volume.
 
 Protocol (both ends are this module; the pipe is private to the two processes): the runner
-pickles one request ``(url, bounds, job, range, cursor, cap)`` to the process's stdin -- the URL
-with its password travels only there, never in argv or the environment -- and the process
-pickles, in order, one ``("batch", PreparedBatch)`` per file and then ``("end",)``, or
-``("failure", code)`` for a job failure (SOURCE_INVALID, ...), or ``("transient", detail)`` for
-any other fault. A process that dies (killed, out of memory) ends its stream without an end:
-:class:`ReaderLost`, a transient fault like a dropped database connection -- the claim stops and
-its lease expires, never a job failure.
+pickles one request ``(url, bounds, job, range, cursor, cap, check_url)`` to the process's stdin
+-- the URLs with their passwords travel only there, never in argv or the environment;
+``check_url`` is the primary's when ``url`` is its replica -- and the process pickles, in order,
+one ``("batch", PreparedBatch)`` per file and then ``("end",)``, or ``("failure", code)`` for a
+job failure (SOURCE_INVALID, ...), ``("diverged", detail)`` for a chunk of the replica that
+differs from the primary's, or ``("transient", detail)`` for any other fault. A process that
+dies (killed, out of memory) ends its stream without an end: :class:`ReaderLost`, a transient
+fault like a dropped database connection -- the claim stops and its lease expires, never a job
+failure.
 
 One warm spare is kept per runner process so a claim chain does not wait for an interpreter to
 start (started when the previous chain ends: an interpreter's start-up beside a running chain
@@ -51,7 +53,7 @@ from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import BOUNDS_ATTR, is_mysql, make_engine, parse_database_url
-from orbit_tasks.errors import ReaderLost
+from orbit_tasks.errors import ReaderLost, ReplicaDiverged
 from orbit_tasks.logs import log_action
 from orbit_tasks.settings import Settings
 
@@ -72,6 +74,7 @@ class ProcessReadAhead:
         rng: ArchiveRange,
         cursor: source.Cursor | None,
         cap: int,
+        check: Engine | None = None,
     ) -> None:
         self._request = (
             engine.url.render_as_string(hide_password=False),
@@ -80,6 +83,7 @@ class ProcessReadAhead:
             rng,
             cursor,
             cap,
+            None if check is None else check.url.render_as_string(hide_password=False),
         )
         self._items: Handover[tuple[Any, ...]] = Handover(DEPTH, lambda item: item[0] == "batch")
         self._done = False  # the stream ended (end, failure or fault): the process is finished
@@ -125,6 +129,8 @@ class ProcessReadAhead:
             return None
         if kind == "failure":
             raise JobFailure(ErrorCode(item[1]))
+        if kind == "diverged":
+            raise ReplicaDiverged(str(item[1]))
         raise ReaderLost(str(item[1]))
 
     def close(self) -> None:
@@ -222,7 +228,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     try:
-        url, bounds, job, rng, cursor, cap = pickle.load(stdin)
+        url, bounds, job, rng, cursor, cap, check_url = pickle.load(stdin)
     except EOFError:  # a spare never used: its runner exited
         return
 
@@ -231,8 +237,9 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         stdout.flush()
 
     engine = make_engine(url, bounds=bounds)
+    check = None if check_url is None else make_engine(check_url, bounds=bounds)
     try:
-        with ReadAhead(engine, job, rng, cursor, cap) as ahead:
+        with ReadAhead(engine, job, rng, cursor, cap, check) as ahead:
             while True:
                 batch = ahead.next()
                 if batch is None:
@@ -244,6 +251,8 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
                     return
     except JobFailure as failure:
         send("failure", failure.code.value)
+    except ReplicaDiverged as diverged:
+        send("diverged", str(diverged))
     except BrokenPipeError:
         return  # the runner stopped reading
     except Exception as exc:  # noqa: BLE001 - any other fault is transient for the runner
@@ -251,6 +260,8 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         send("transient", type(exc).__name__)
     finally:
         engine.dispose()
+        if check is not None:
+            check.dispose()
 
 
 def open_read_ahead(
@@ -260,12 +271,14 @@ def open_read_ahead(
     rng: ArchiveRange,
     cursor: source.Cursor | None,
     cap: int,
+    check: Engine | None = None,
 ) -> ReadAhead | ProcessReadAhead:
     """The read-ahead of a claim chain (ORBIT_ARCHIVE_READER, :func:`uses_process`): a reader
-    process, or threads of the runner's process."""
+    process, or threads of the runner's process. ``check``: the primary, when ``engine`` is its
+    replica (every chunk is checked against it, ``store/source_check.py``)."""
     if uses_process(mode, is_mysql(engine)):
-        return ProcessReadAhead(engine, job, rng, cursor, cap)
-    return ReadAhead(engine, job, rng, cursor, cap)
+        return ProcessReadAhead(engine, job, rng, cursor, cap, check)
+    return ReadAhead(engine, job, rng, cursor, cap, check)
 
 
 def main(argv: list[str]) -> None:

@@ -36,7 +36,7 @@ from sqlalchemy import Connection, Engine
 from orbit_tasks import counters, failpoints
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
-from orbit_tasks.archive.controls import REPLICA_BEAT, WaitReason
+from orbit_tasks.archive.controls import REPLICA_BEAT, REPLICA_ERRANT, WaitReason
 from orbit_tasks.archive.engine import claim_marks, gate, leftovers, verify
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
@@ -60,11 +60,12 @@ from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
+from orbit_tasks.db import gtid
 from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.db.registry import source_engine as registry_source_engine
-from orbit_tasks.errors import InvalidInput, LeaseLost, ReaderLost
+from orbit_tasks.errors import InvalidInput, LeaseLost, ReaderLost, ReplicaDiverged
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.history import history_kind
@@ -128,12 +129,12 @@ def run_job(
     publish: Publisher | None = None,
     clock: Clock = DB_CLOCK,
 ) -> Outcome:
-    """Handle one wake-up; plans, leases and confirms on ``engine`` (the platform database),
-    the manifest's count and every batch read on ``source_engine`` (``ORBIT_ARCHIVE_SOURCE_URL``,
-    a replica; default: the registry's source when ``engine`` is the registry's too, else
-    ``engine``). Returns an outcome word (for logs and tests): ``missing``, ``not_mounted``,
-    ``not_claimed``, ``waiting``, ``succeeded``, ``failed``, ``released``, ``stopped``,
-    ``lease_lost``, ``transient``."""
+    """Handle one wake-up; plans, leases, confirms and the manifest's count on ``engine`` (the
+    platform database), every batch read on ``source_engine`` (``ORBIT_ARCHIVE_SOURCE_URL``, a
+    replica, each chunk checked against ``engine``; default: the registry's source when
+    ``engine`` is the registry's too, else ``engine``). Returns an outcome word (for logs and
+    tests): ``missing``, ``not_mounted``, ``not_claimed``, ``waiting``, ``succeeded``,
+    ``failed``, ``released``, ``stopped``, ``lease_lost``, ``transient``."""
     started = time.monotonic()
     if engine is None:
         engine = platform_engine()
@@ -160,7 +161,8 @@ def run_job(
                 g = gate.open_gate(conn, gate.view(job), settings, clock)
                 # only a job this wake-up could claim waits (a live or final one: not_claimed)
                 if claimable(job.state, job.lease_until, g.db_now):
-                    if source_engine is not engine:  # a replica: has it applied the job's tick?
+                    if source_engine is not engine:  # a replica: a copy, up to the job's tick?
+                        g.extra[REPLICA_ERRANT] = _errant_gtids(source_engine, conn)
                         g.extra[REPLICA_BEAT] = _replica_beat(source_engine)
                     if _wait_before_claim(conn, g, job, started) is not None:
                         return Outcome.WAITING
@@ -212,6 +214,17 @@ def run_job(
         raise
 
 
+def _errant_gtids(source_engine: Engine, conn: Connection) -> list[str]:
+    """The replica's GTIDs the primary has not executed (``db/gtid.py``; the replica first)."""
+    with source_engine.connect() as replica, conn.begin():
+        found = gtid.errant_gtids(replica, conn)
+    if found:
+        log_action(
+            log, "archive.replica.errant_gtids", logging.WARNING, gtids=gtid.describe(found)
+        )  # fmt: skip
+    return found
+
+
 def _replica_beat(source_engine: Engine) -> datetime | None:
     """The tick heartbeat as the replica has applied it (one statement on the replica)."""
     with source_engine.connect() as conn:
@@ -261,6 +274,8 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
     except LeaseLost:
         _lost(ch.claim)
         return Outcome.LEASE_LOST
+    except ReplicaDiverged as diverged:
+        return _diverged(ch, str(diverged))
     if outcome is Outcome.STOPPED:
         # no continuation (the tick wakes waiting jobs up), except for the throttle: its wait
         # is a turn of seconds, which the next claim sleeps before claiming
@@ -301,6 +316,30 @@ def _fail(ch: _Chain, code: ErrorCode) -> Outcome:
     return Outcome.FAILED
 
 
+def _diverged(ch: _Chain, detail: str) -> Outcome:
+    """A chunk read from the replica differs from the primary's (issue 24): nothing of it was
+    written; the claim is given back without confirming (fenced, its attempt not counted: it is
+    a wait, not a stall) and the job waits ``replica_diverged`` until a wake-up finds the replica
+    agreeing again."""
+    c = ch.claim
+    job = c.job
+    try:
+        store.release(ch.conn, c, clock=ch.clock, count_attempt=False)
+    except LeaseLost:
+        _lost(c)
+        return Outcome.LEASE_LOST
+    ch.stopped = WaitReason.REPLICA_DIVERGED
+    with atomic(ch.conn):
+        control_store.record_wait(
+            ch.conn, job.namespace_id, job.id, WaitReason.REPLICA_DIVERGED, ch.clock.now(ch.conn)
+        )
+    log_action(
+        log, "archive.job.replica_diverged", logging.WARNING, namespace_id=job.namespace_id,
+        job_id=job.id, batches=job.batches, detail=detail,
+    )  # fmt: skip
+    return Outcome.STOPPED
+
+
 def _lost(c: store.Claim) -> None:
     log_action(
         log, "archive.job.lease_lost", logging.WARNING, namespace_id=c.job.namespace_id,
@@ -320,7 +359,7 @@ def _claims(ch: _Chain) -> Outcome:
             ch.rng = store.job_range(ch.conn, ch.claim.job)  # once per chain (POLICY_MISSING)
         _verify_prefix(ch)  # step 2
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
-            data, total = _source_manifest(ch)
+            data, total = _primary_manifest(ch)
             sha = fv.sha256_hex(data)
             manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
@@ -378,6 +417,7 @@ def _batches(ch: _Chain) -> Outcome:
             ch.rng,
             ch.cursor,
             file_cap(job.max_bytes),
+            None if ch.source_db is ch.engine else ch.engine,  # a replica: check its chunks
         ) as ahead,
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
@@ -483,19 +523,16 @@ def _carry_tail(ch: _Chain, report: VerifyReport) -> None:
     ch.tail_final = report.final or (report.batches == 0 and report.roots_total == 0)
 
 
-def _source_manifest(ch: _Chain) -> tuple[bytes, int]:
-    """The manifest, its roots counted on the source (the chain's own connection when the
-    source is the platform database)."""
+def _primary_manifest(ch: _Chain) -> tuple[bytes, int]:
+    """The manifest, its roots counted on the primary (the chain's own connection) even when the
+    batches are read from a replica: the count the job promises is the primary's (issue 24)."""
     assert ch.rng is not None
-    if ch.source_db is ch.engine:
-        return manifest_file(ch.conn, ch.claim.job, ch.rng)
-    with ch.source_db.connect() as conn:
-        return manifest_file(conn, ch.claim.job, ch.rng)
+    return manifest_file(ch.conn, ch.claim.job, ch.rng)
 
 
 def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
     """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total`` (counted on
-    ``conn``: the source's connection)."""
+    ``conn``)."""
     with conn.begin():
         total = source.count_roots(conn, job.kind, job.namespace_id, rng)
     return manifest_bytes(job, rng, total), total

@@ -325,12 +325,16 @@ def check_lease(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
         raise LeaseLost(f"job {c.job.id.hex()}: lease lost before removing leftovers")
 
 
-def release(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
-    """Give the job back to PENDING (lease cleared) without confirming anything."""
+def release(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK, count_attempt: bool = True) -> None:
+    """Give the job back to PENDING (lease cleared) without confirming anything. Without
+    ``count_attempt`` the claim's attempt is taken back (``attempts - 1``): a release to wait
+    (``replica_diverged``) is no stall, and the stall guard counts claims that confirmed
+    nothing."""
+    extra = {} if count_attempt else {"attempts": J.c.attempts - 1}
     with _transaction(bind) as conn:
         _fenced_update(
             conn, c, clock, "release", on_chain=False,
-            state=JobState.PENDING.value, lease_id=None, lease_until=None,
+            state=JobState.PENDING.value, lease_id=None, lease_until=None, **extra,
         )  # fmt: skip
 
 
