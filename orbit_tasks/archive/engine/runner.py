@@ -594,7 +594,9 @@ def _confirm(
     )  # fmt: skip
     failpoints.hit("archive.after_confirm")
     if after == "release" and stop is not None:
-        if follow is not None:  # written ahead before the controls changed: not confirmed
+        # written ahead before the controls changed, not confirmed: step 6 leaves it while the
+        # job can be claimed (a next claim may adopt it by name); else the final step removes it
+        if follow is not None:
             with contextlib.suppress(Exception):
                 ahead = follow.result()
                 leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
