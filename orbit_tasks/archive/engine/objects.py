@@ -111,6 +111,11 @@ TRANSIENT_CODES = frozenset(
 TRANSIENT_TRANSPORT = frozenset(
     {"ConnectionError", "HTTPClientError", "IncompleteReadError", "ProtocolError"}
 )
+#: Celery's (billiard's) time limits, raised into the task by a signal while a request runs:
+#: they derive from ``Exception`` but are no I/O fault (issue 24 item 4: a time limit worded
+#: as ``IO_ERROR`` failed a large job's final step on every retry). By name, through the MRO:
+#: this module does not import Celery.
+TIME_LIMITS = frozenset({"SoftTimeLimitExceeded", "TimeLimitExceeded"})
 #: botocore's "no (usable) credentials in the chain".
 NO_CREDENTIALS = frozenset(
     {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
@@ -252,9 +257,12 @@ def redact_url(text: str) -> str:
 
 
 def fault_of(exc: BaseException) -> str:
-    """``transient``, ``denied``, ``no_bucket``, ``missing``, ``exists`` or ``other`` for an
-    exception raised by a botocore call (pure: reads the error code and status only)."""
+    """``time_limit``, ``transient``, ``denied``, ``no_bucket``, ``missing``, ``exists`` or
+    ``other`` for an exception raised by a botocore call (pure: reads the error code and status
+    only)."""
     names = {c.__name__ for c in type(exc).__mro__}
+    if names & TIME_LIMITS:
+        return "time_limit"
     if names & NO_CREDENTIALS:
         return "denied"
     response = getattr(exc, "response", None)
@@ -342,7 +350,7 @@ class _Client:
     def call(self, op: str, what: str, fn: Callable[[Any], T]) -> T:
         """``fn(client)`` retried on transient faults for at most ``retry_seconds``; permanent
         faults become this module's errors (``missing`` -> FileNotFoundError, ``exists`` is
-        re-raised for the caller)."""
+        re-raised for the caller); a time limit passes through as it is."""
         deadline = time.monotonic() + self.retry_seconds
         attempt = 0
         while True:
@@ -350,6 +358,8 @@ class _Client:
                 return fn(self.get())
             except Exception as exc:
                 fault = fault_of(exc)
+                if fault == "time_limit":
+                    raise
                 if fault == "transient":
                     pause = backoff(attempt, rnd=random.random())
                     if time.monotonic() + pause >= deadline:
