@@ -334,6 +334,50 @@ def test_transient_faults_are_retried_and_the_job_verifies(
     _assert_prefix_is_exactly_the_chains(moto, loc, [done])
 
 
+@pytest.mark.slow
+def test_a_server_that_answers_200_without_storing_costs_a_retry_not_the_job(
+    s3ae: ArchiveEnv, moto: MotoServer, mariadb_url: str
+) -> None:
+    """A fault proxy answers 200 to 5% of the chain PUTs (every 20th) without forwarding them:
+    the worker finds the object missing before its fenced confirm and puts it again, so every
+    job SUCCEEDED and verifies (before: the final step found the lost file, FAILED
+    CHAIN_BROKEN, and no retry could repair it; issue 24 item 2)."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("lossy"))
+    url = f"s3://{bucket}/z"
+    puts = [0]
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        if method != "PUT" or ".orbit-volume.json" in path:
+            return PASS
+        puts[0] += 1
+        if puts[0] % 20 == 7:  # 200, an ETag and no body: nothing stored
+            return Fault("status", 200, (("ETag", '"0123456789abcdef0123456789abcdef"'),), body=b"")
+        return PASS
+
+    with fault_proxy(moto.endpoint, rule) as proxy:
+        doc = cli_json(ae.orbit(*moto.init_args(url, proxy.url), "--json"))
+        sid = bytes.fromhex(doc["id"])
+        ns, queue = make_namespace(ae.engine, "s3-lossy")
+        kinds = ("workflows", "tasks")
+        for kind in kinds:
+            make_plan(ae.engine, ns, kind, sid, batch_size=3)
+            seed(ae.engine, ns, queue, kind, 60)
+        w = ae.worker("lossy", [url])
+        report = ae.tick()
+        jobs = [ae.job(ns, bytes.fromhex(j)) for n, _k, j in report.jobs_created if n == ns.hex()]
+        assert len(jobs) == len(kinds), report.to_dict()
+        done = [wait_state(ae, job, DONE, timeout=180) for job in jobs]
+        lost = [s for s in proxy.seen if s.action == "status"]
+    assert len(lost) >= 2, proxy.seen
+    assert all(d.state is JobState.SUCCEEDED and d.error_code == "" for d in done), done
+    assert w.text().count("archive.storage.put_lost") >= len(lost)
+    loc = S3Location(bucket, "z", moto.endpoint, REGION, True)
+    for d in done:
+        assert_succeeded_exactly(ae, d, S3Storage(loc))
+    _assert_prefix_is_exactly_the_chains(moto, loc, done)
+
+
 def test_access_denied_and_no_such_bucket_are_fixed_codes(
     s3ae: ArchiveEnv, moto: MotoServer
 ) -> None:

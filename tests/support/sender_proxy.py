@@ -33,6 +33,7 @@ class Fault:
     headers: tuple[tuple[str, str], ...] = ()
     seconds: float = 0.0
     body: bytes = b'{"error":"injected","message":"fault proxy"}'
+    drop_headers: tuple[str, ...] = ()  # forwarded answers: these headers (lowercase) left out
 
 
 PASS = Fault()
@@ -150,7 +151,13 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
                 for name, value in resp.headers.items():
                     if name.lower() in ("content-length", "transfer-encoding", "connection"):
                         continue
+                    if name.lower() in fault.drop_headers:
+                        continue
                     self.send_header(name, value)
+                if self.command == "HEAD":  # no body: the length is the upstream's
+                    self.send_header("Content-Length", resp.headers.get("content-length", "0"))
+                    self.end_headers()
+                    return
                 self.send_header("Content-Length", str(len(resp.content)))
                 self.end_headers()
                 self.wfile.write(resp.content)

@@ -8,7 +8,10 @@ file) and ``PREFIX/<ns_hex>/<job_hex>/<name>`` the job files, named as on a volu
   with ``If-None-Match: *`` (an existing key is never replaced; a second writer gets 412 and
   compares the bytes, as a folder's ``link`` does) and ``x-amz-checksum-sha256`` (the server
   checks the body against it). The identity object is created the same way, so of two
-  ``storage init`` runs on one prefix exactly one identity wins.
+  ``storage init`` runs on one prefix exactly one identity wins. A created object is known
+  stored before it counts as written (issue 24): the PUT's answer carries our checksum back,
+  else a HEAD finds our size and checksum; a server that answered 200 without storing gets
+  the PUT again (:func:`put_if_absent`).
 * Listing (``ListObjectsV2``, paginated) is done only where a folder is listed: a takeover and
   the final step (and ``orbit job verify|export|restore``); never per batch.
 * A stale writer's removal (step 6) deletes the key only when no claim can confirm that name
@@ -510,9 +513,45 @@ class S3Job:
 
 
 def put_if_absent(client: _Client, key: str, what: str, data: bytes) -> bool:
-    """One conditional, checksummed PUT (retried): True when this call created the key, False
-    when the first attempt found it there (412). A 412 after an attempt whose answer was lost
-    counts as created (that attempt's object is ours)."""
+    """One conditional, checksummed PUT (retried), known stored before it returns: True when
+    this call created the key, False when the first attempt found it there (412). A 412 after
+    an attempt whose answer was lost counts as created (that attempt's object is ours).
+
+    A created object is known stored (issue 24 item 2) when the PUT's answer carries our
+    SHA-256 checksum back, else by one ``HeadObject`` (checksum mode on) that finds the key
+    with our size (and our checksum, when the server gives one). A server that answered 200
+    without storing (the HEAD finds nothing, or other bytes under our name: our own object,
+    not confirmed) costs another PUT, within the same retry budget; past it,
+    :class:`StorageUnavailable` (the runner stops, the lease expires, a claim tries again)."""
+    deadline = time.monotonic() + client.retry_seconds
+    attempt = 0
+    while True:
+        created, answered = _put(client, key, what, data)
+        if not created:
+            return False
+        problem = None if answered == _checksum(data) else _stored_problem(client, key, data)
+        if problem is None:
+            return True
+        log_action(
+            log, "archive.storage.put_lost", logging.WARNING, target=what, found=problem,
+            attempt=attempt + 1,
+        )  # fmt: skip
+        pause = backoff(attempt, rnd=random.random())
+        if time.monotonic() + pause >= deadline:
+            raise StorageUnavailable(
+                f"{what}: the object store answered PutObject but did not store it "
+                f"({problem}) for {client.retry_seconds:g} s"
+            )
+        if problem != "missing":  # our object, unconfirmed, with other bytes: put it again
+            client.call(
+                "DeleteObject", what, lambda c: c.delete_object(Bucket=client.loc.bucket, Key=key)
+            )  # fmt: skip
+        time.sleep(pause)
+        attempt += 1
+
+
+def _put(client: _Client, key: str, what: str, data: bytes) -> tuple[bool, str]:
+    """The conditional PUT: (created, the checksum the answer carries or "")."""
     loc = client.loc
     checksum = _checksum(data)
     extra = _put_args(loc)
@@ -520,19 +559,38 @@ def put_if_absent(client: _Client, key: str, what: str, data: bytes) -> bool:
 
     failpoints.hit("objects.before_put")
 
-    def put(c: Any) -> None:
+    def put(c: Any) -> str:
         nonlocal tries
         tries += 1
-        c.put_object(
+        response = c.put_object(
             Bucket=loc.bucket, Key=key, Body=data, IfNoneMatch="*", ChecksumSHA256=checksum,
             ChecksumAlgorithm="SHA256", **extra,
         )  # fmt: skip
+        return str(response.get("ChecksumSHA256") or "")
 
     try:
-        client.call("PutObject", what, put)
+        return True, client.call("PutObject", what, put)
     except _Exists:
-        return tries > 1
-    return True
+        return tries > 1, ""
+
+
+def _stored_problem(client: _Client, key: str, data: bytes) -> str | None:
+    """What one HEAD says is wrong with the object under ``key`` (None: our bytes are there):
+    ``missing``, ``size`` or ``checksum``."""
+
+    def head(c: Any) -> dict[str, Any]:
+        return dict(c.head_object(Bucket=client.loc.bucket, Key=key, ChecksumMode="ENABLED"))
+
+    try:
+        answer = client.call("HeadObject", key, head)
+    except FileNotFoundError:
+        return "missing"
+    if int(answer.get("ContentLength", -1)) != len(data):
+        return "size"
+    checksum = answer.get("ChecksumSHA256")
+    if checksum and checksum != _checksum(data):
+        return "checksum"
+    return None
 
 
 class S3Storage:
