@@ -503,6 +503,24 @@ class S3Job:
 
             self._client.call("DeleteObject", name, delete)
 
+    def replace_damaged(self, name: str, data: bytes) -> bool:
+        """A missing key gets the conditional PUT; a key holding other bytes (read just before)
+        is deleted first (S3 has no atomic replace under ``If-None-Match``)."""
+        parsed = parse_name(name)
+        if parsed is None or parsed.sha256 != sha256_hex(data):
+            raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+        try:
+            current: bytes | None = self.read(name)
+        except FileNotFoundError:
+            current = None
+        if current == data:
+            return False
+        if current is not None:
+            self.remove([name])
+        if not put_if_absent(self._client, self._key(name), name, data) and self.read(name) != data:
+            raise FileConflict(f"{name} was written meanwhile with other contents; left untouched")
+        return True
+
     def remove_if_unconfirmed(
         self, name: str, confirmed: Collection[str], stored: StoredFile
     ) -> bool:

@@ -286,6 +286,41 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
                 tmp.unlink(missing_ok=True)
 
 
+def replace_job_file(dirpath: Path, name: str, data: bytes) -> bool:
+    """Put the bytes of content-addressed chain file ``name`` back (``orbit job repair``): a
+    missing name is published like :func:`store_job_file` (``link``: never replaces); a name
+    holding other bytes -- read just before, so never a good file -- is replaced by a temp file
+    (written, ``fsync``) renamed over it, then the directory is synced. False when ``name``
+    already holds ``data``."""
+    parsed = parse_name(name)
+    if parsed is None or parsed.sha256 != sha256_hex(data):
+        raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+    directory = Path(dirpath)
+    final = directory / name
+    try:
+        current = final.read_bytes()
+    except FileNotFoundError:
+        store_job_file(directory, name, data)
+        return True
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    if current == data:
+        return False
+    tmp: Path | None = None
+    try:
+        tmp, _ = _write_temp(directory, name, data)
+        os.rename(tmp, final)
+        tmp = None
+        fsync_dir(directory)
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+    return True
+
+
 def write_job_file(dirpath: Path, name: str, data: bytes) -> Path:
     """:func:`store_job_file` returning just the path."""
     return Path(store_job_file(dirpath, name, data).path)

@@ -471,6 +471,24 @@ def abandon(
         return require_job(conn, ns_id, job_id)
 
 
+def record_repair(
+    engine: Engine,
+    ns_id: bytes,
+    job_id: bytes,
+    *,
+    actor: str,
+    detail: dict[str, Any],
+    clock: Clock = DB_CLOCK,
+) -> None:
+    """The audit row of an ``orbit job repair`` that found damaged files (the job row itself
+    does not change: the files are put back under the names it already vouches for)."""
+    with engine.begin() as conn:
+        insert_audit(
+            conn, ns_id, actor=actor, action="archive.job.repair", target_kind="archive_job",
+            target_id=job_id.hex(), detail=detail, at=clock.now(conn),
+        )  # fmt: skip
+
+
 # --- listing -------------------------------------------------------------------------------------
 
 
