@@ -53,10 +53,10 @@ from orbit_tasks.archive.engine.volume import (
     FileConflict,
     StoredFile,
     VolumeIdentity,
+    check_chain_name,
     identity_document,
     parse_identity,
 )
-from orbit_tasks.archive.format.names import parse_name
 from orbit_tasks.archive.format.values import sha256_hex
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.logs import log_action
@@ -480,9 +480,7 @@ class S3Job:
         )  # fmt: skip
 
     def store(self, name: str, data: bytes) -> StoredFile:
-        parsed = parse_name(name)
-        if parsed is None or parsed.sha256 != sha256_hex(data):
-            raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+        check_chain_name(name, data)
         key = self._key(name)
         created = put_if_absent(self._client, key, name, data)
         if not created:
@@ -506,9 +504,7 @@ class S3Job:
     def replace_damaged(self, name: str, data: bytes) -> bool:
         """A missing key gets the conditional PUT; a key holding other bytes (read just before)
         is deleted first (S3 has no atomic replace under ``If-None-Match``)."""
-        parsed = parse_name(name)
-        if parsed is None or parsed.sha256 != sha256_hex(data):
-            raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+        check_chain_name(name, data)
         try:
             current: bytes | None = self.read(name)
         except FileNotFoundError:
