@@ -25,7 +25,8 @@ class Fault:
 
     kind: "pass" (forward), "status" (answer ``status`` without forwarding), "drop_before"
     (close without forwarding), "drop_after" (forward, let the platform commit, then close without
-    answering), "sleep" (sleep ``seconds`` then forward; the client may have given up).
+    answering), "sleep" (sleep ``seconds`` then forward; the client may have given up),
+    "truncate" (forward the request without its body's last byte: a store that keeps less).
     """
 
     kind: str = "pass"
@@ -76,7 +77,8 @@ class FaultProxy:
         while time.monotonic() < end:
             with self._lock:
                 busy = any(
-                    s.upstream_status is None and s.action in ("pass", "sleep", "drop_after")
+                    s.upstream_status is None
+                    and s.action in ("pass", "sleep", "drop_after", "truncate")
                     for s in self.seen
                 )
             if not busy:
@@ -131,6 +133,8 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
                 return
             if fault.kind == "sleep":
                 time.sleep(fault.seconds)
+            if fault.kind == "truncate":
+                body = body[:-1]
             headers = {
                 k: v
                 for k, v in self.headers.items()
