@@ -32,6 +32,7 @@ from orbit_tasks.cli.common import SIZE, LazyGroup, emit, emit_list, iso_utc, js
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine, source_engine
+from orbit_tasks.errors import OrbitError
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import resolve_namespace
@@ -356,7 +357,13 @@ def job_repair(ns: str, job: str, volume: str, dry_run: bool, as_json: bool) -> 
     check_repair(j.state)
     directory = _job_volume(j, volume)
     with platform_engine().connect() as conn:
-        rng = store.job_range(conn, j)
+        try:
+            rng = store.job_range(conn, j)
+        except JobFailure as failure:
+            raise OrbitError(
+                f"job {j.id.hex()}: its range cannot be derived ({failure.code.value}); "
+                "nothing to rebuild from"
+            ) from None
     report = repair.repair_job(directory, j, rng, source_engine(), dry_run=dry_run)
     files = [f.as_dict() for f in report.files]
     if report.files and not dry_run:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from tests.support.archive_jobs import (
     archive_env,
     assert_succeeded_exactly,
     create_job,
+    expectation,
     make_namespace,
     make_plan,
     make_volume,
@@ -250,7 +252,51 @@ def test_bad_input_is_one_line_and_writes_nothing(ae: ArchiveEnv) -> None:
     other.mkdir()
     assert _run(ae, job, sid, vol) == "succeeded"
     assert_one_line_error(_repair(ae, job, str(other)), 2, str(other))
+    with ae.engine.begin() as conn:  # the job's policy revision is gone: no range to read
+        conn.execute(text("DELETE FROM orbit_archive_policies WHERE namespace_id = :n"),
+                     {"n": job.namespace_id})  # fmt: skip
+    assert_one_line_error(_repair(ae, job, str(vol)), 1, "POLICY_MISSING", "nothing to rebuild")
     with ae.engine.connect() as conn:
         n = conn.execute(text("SELECT COUNT(*) FROM orbit_audit_events WHERE action = :a"),
                          {"a": "archive.job.repair"}).scalar()  # fmt: skip
     assert n == 0
+
+
+def test_the_final_steps_progress_is_written_only_under_the_lease(ae: ArchiveEnv) -> None:
+    """store.release_with_progress (issue 24 item 4) is one fenced transaction: a claim whose
+    lease was taken writes neither the release nor the progress; the owner's progress is read
+    back only for its own chain, and the success deletes it."""
+    from orbit_tasks.archive.engine.verify import verify_job_part
+    from orbit_tasks.archive.store import jobs as job_store
+    from orbit_tasks.errors import LeaseLost
+
+    job, sid, vol = _folder_job(ae, "repair-progress")
+    assert _run(ae, job, sid, vol) == "succeeded"
+    with ae.engine.begin() as conn:  # back to RUNNING-able for a hand-made claim
+        conn.execute(text("UPDATE orbit_archive_jobs SET state = 'PENDING' WHERE id = :j"),
+                     {"j": job.id})  # fmt: skip
+    stale = job_store.claim(ae.engine, job.namespace_id, job.id, 60)
+    assert stale is not None
+    done = stale.job
+    d = FolderStorage(vol).job(done.namespace_id, done.id)
+    answers = iter([True, False])  # the manifest and batch 1, then the time is up
+    _, progress = verify_job_part(
+        d, expectation(ae, done), names=d.names(), progress=None, more=lambda: next(answers)
+    )
+    assert progress is not None and progress.checked == 2
+    with ae.engine.begin() as conn:  # another claim took the job
+        conn.execute(text("UPDATE orbit_archive_jobs SET lease_id = :l WHERE id = :j"),
+                     {"l": b"\x07" * 16, "j": job.id})  # fmt: skip
+    with pytest.raises(LeaseLost):
+        job_store.release_with_progress(ae.engine, stale, progress)
+    assert job_store.final_progress(ae.engine, done) is None
+    with ae.engine.begin() as conn:
+        conn.execute(text("UPDATE orbit_archive_jobs SET lease_id = :l WHERE id = :j"),
+                     {"l": stale.lease_id, "j": job.id})  # fmt: skip
+    job_store.release_with_progress(ae.engine, stale, progress)
+    assert ae.job(job.namespace_id, job.id).state is JobState.PENDING
+    assert job_store.final_progress(ae.engine, done) == progress
+    other = replace(done, last_sha256="d" * 64)
+    assert job_store.final_progress(ae.engine, other) is None  # another chain's: ignored
+    assert _run(ae, job, sid, vol) == "succeeded"  # resumes (2 files vouched for), finishes
+    assert job_store.final_progress(ae.engine, done) is None
