@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import struct
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -647,3 +648,31 @@ def test_a_chain_walked_in_parts_is_the_whole_walk() -> None:
     assert not later.ok and later.first_bad_file == c.name(3) and done is None
     gone, _ = verify_chain_part(c.files[1:], expect=c.expect, progress=two, more=lambda: True)
     assert not gone.ok and gone.first_bad_file == c.name(0)
+
+
+@pytest.mark.slow
+def test_a_chain_of_ten_thousand_files_walked_a_thousand_files_per_claim() -> None:
+    """The final step's bound per claim with a large count (issue 24 item 4): 10,001 files
+    walked 1,000 per part, each part resumed from the last one's progress; every file is read
+    once (the manifest once more per resume) and the end is the one-walk report."""
+    c = build_chain([[record(i)] for i in range(1, 10_001)], batch_size=1)
+    reads: list[str] = []
+    lazy = [(n, (lambda n=n, d=d: reads.append(n) or d)) for n, d in c.files]
+    whole = verify_prefix(c.files, expect=c.expect, full=True, lines="ends")
+    assert whole.ok and whole.batches == 10_000
+    progress, parts = None, 0
+    while True:
+        budget = iter(range(999))  # 1,000 files per part: the first is free
+
+        def more(b: Iterator[int] = budget) -> bool:
+            return next(b, None) is not None
+
+        report, progress = verify_chain_part(
+            lazy, expect=c.expect, progress=progress, more=more, lines="ends"
+        )
+        parts += 1
+        if progress is None:
+            break
+        assert report.ok and progress.checked == 1_000 * parts
+    assert parts == 11 and report == whole
+    assert len(reads) == 10_001 + 10 and len(set(reads)) == 10_001
