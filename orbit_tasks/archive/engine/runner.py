@@ -648,7 +648,8 @@ def _finish(ch: _Chain) -> Outcome:
 
     The walk is resumable (issue 24 item 4): it goes on while the delivery is within the
     longest time slice its lease allows (``archive_limits.max_slice_seconds``, one margin before
-    the soft time limit; at least one file per claim). When that time is up, the strays of the
+    the soft time limit; never shorter than the configured slice; at least one file per
+    claim). When that time is up, the strays of the
     part walked are removed, the progress is recorded and the job released in one fenced
     transaction, and a continuation's claim resumes the walk from it (its tail check, then the
     rest): a job of any number of files finishes, one lease at a time."""
@@ -656,7 +657,7 @@ def _finish(ch: _Chain) -> Outcome:
     job = c.job
     names = leftovers.list_dir(ch.directory)
     progress = store.final_progress(ch.conn, job)
-    deadline = ch.started + max_slice_seconds(ch.settings.archive_lease_seconds)
+    deadline = max(ch.deadline, ch.started + max_slice_seconds(ch.settings.archive_lease_seconds))
     report, rest = verify.verify_job_part(
         ch.directory, _expectation(ch), names=names, progress=progress,
         more=lambda: time.monotonic() < deadline, lines=CHAIN_LINES,
