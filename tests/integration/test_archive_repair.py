@@ -71,13 +71,18 @@ def _run(ae: ArchiveEnv, job: Job, sid: bytes, place: Place) -> str:
     return str(out)
 
 
-def _folder_job(ae: ArchiveEnv, name: str) -> tuple[Job, bytes, Path]:
-    vol = ae.tmp / f"vol-{name}"
-    sid = make_volume(ae.engine, vol)
+def _tasks_job(ae: ArchiveEnv, name: str, sid: bytes) -> Job:
+    """A namespace ``name`` with a plan of 30 tasks on storage ``sid``, and the job of a tick."""
     ns, queue = make_namespace(ae.engine, name)
     make_plan(ae.engine, ns, "tasks", sid, batch_size=4)
     seed(ae.engine, ns, queue, "tasks", 30)
-    return create_job(ae, ns, "tasks"), sid, vol
+    return create_job(ae, ns, "tasks")
+
+
+def _folder_job(ae: ArchiveEnv, name: str) -> tuple[Job, bytes, Path]:
+    vol = ae.tmp / f"vol-{name}"
+    sid = make_volume(ae.engine, vol)
+    return _tasks_job(ae, name, sid), sid, vol
 
 
 def _chain(d: JobFiles) -> dict[int, tuple[str, bytes]]:
@@ -175,10 +180,7 @@ def test_repair_restores_deleted_and_corrupt_objects_on_s3(
     url = f"s3://{bucket}/r"
     doc = json.loads(ae.orbit(*moto.init_args(url), "--json").stdout)
     sid = bytes.fromhex(doc["id"])
-    ns, queue = make_namespace(ae.engine, "repair-s3")
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=4)
-    seed(ae.engine, ns, queue, "tasks", 30)
-    job = create_job(ae, ns, "tasks")
+    job = _tasks_job(ae, "repair-s3", sid)
     _cycle(ae, job, sid, S3Location(bucket, "r", moto.endpoint, REGION, True), url)
 
 
