@@ -8,6 +8,12 @@ tests use). moto keeps objects in memory in Python, so the ratio is a floor for 
 store, not a prediction. The database is the shared MariaDB on 127.0.0.1:3306 (its own database,
 dropped at the end). Writes bench/s3_throughput.json.
 
+The confirm's proof that an object is stored (issue 24 item 2) costs no request when the PUT's
+answer carries our SHA-256 back (AWS, moto) and one ``HeadObject`` per file when it does not:
+the same job runs twice more through one pass-through proxy (tests/support/sender_proxy.py),
+once as it is (``proxied_*``) and once with the checksum left out of every PUT answer
+(``head_*``: a server that does not echo it), counting the requests per file.
+
     .venv/bin/python bench/s3_throughput.py [--events 20000]
 """
 
@@ -43,6 +49,10 @@ from orbit_tasks.dev import generator  # noqa: E402
 from orbit_tasks.platform import store  # noqa: E402
 from orbit_tasks.settings import load_settings  # noqa: E402
 from tests.support.s3 import start_moto  # noqa: E402
+from tests.support.sender_proxy import PASS, Fault, fault_proxy  # noqa: E402
+
+#: a PUT answer without the checksum: the worker proves the object stored by a HEAD
+NO_ECHO = Fault(drop_headers=("x-amz-checksum-sha256",))
 
 SERVER = os.environ.get("ORBIT_BENCH_MARIADB", "mysql+mysqldb://root@127.0.0.1:3306")
 REDIS_URL = os.environ.get("ORBIT_TEST_REDIS", "redis://127.0.0.1:6379") + "/4"
@@ -91,19 +101,26 @@ def main() -> None:
         settings = load_settings(env)
         result: dict[str, Any] = {"events": args.events, "batch_size": BATCH}
         for label, (place, sid) in places.items():
-            with engine.begin() as conn:
-                conn.execute(delete(archive_jobs).where(archive_jobs.c.namespace_id == ns))
-                conn.execute(delete(archive_plans).where(archive_plans.c.namespace_id == ns))
-                plan_store.set_plan(
-                    conn, ns, "events", storage_id=sid, interval=86400, batch_size=BATCH,
-                    max_bytes=1024**3, policy_revision=rev, enabled=True, expect_revision=None,
-                    now=db_now(conn), actor="bench",
-                )  # fmt: skip
-                conn.execute(update(archive_plans).values(next_run_at=db_now(conn)))
+            _plan(engine, ns, sid, rev)
             for key, value in _run(
                 engine, settings, env, orbit, place, sid, ns, tmp, label
             ).items():
                 result[f"{label}_{key}"] = value
+        for label, rule in (("proxied", PASS), ("head", NO_ECHO)):
+            with fault_proxy(moto.endpoint, lambda *a, rule=rule: rule) as proxy:
+                sid = init(*moto.init_args(f"s3://orbit-bench/{label}", proxy.url)[2:])
+                _plan(engine, ns, sid, rev)
+                place = f"s3://orbit-bench/{label}"
+                for key, value in _run(engine, settings, env, orbit, place, sid, ns, tmp,
+                                       label).items():  # fmt: skip
+                    result[f"{label}_{key}"] = value
+                files = result[f"{label}_files"]
+                for method in ("PUT", "HEAD"):
+                    sent = sum(1 for x in proxy.seen if x.method == method)
+                    result[f"{label}_{method.lower()}s_per_file"] = round(sent / files, 3)
+        result["head_over_proxied"] = round(
+            result["head_roots_per_s"] / result["proxied_roots_per_s"], 2
+        )
         result["s3_over_folder"] = round(result["s3_roots_per_s"] / result["folder_roots_per_s"], 2)
         result["s3_server"] = "moto (python -m moto.server, in memory) on 127.0.0.1"
         result["measured_at_unix"] = int(time.time())
@@ -115,6 +132,19 @@ def main() -> None:
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {DB}"))
         admin.dispose()
+
+
+def _plan(engine: Any, ns: bytes, sid: bytes, rev: int) -> None:
+    """A fresh plan of the namespace's events on storage ``sid``, due now (earlier jobs gone)."""
+    with engine.begin() as conn:
+        conn.execute(delete(archive_jobs).where(archive_jobs.c.namespace_id == ns))
+        conn.execute(delete(archive_plans).where(archive_plans.c.namespace_id == ns))
+        plan_store.set_plan(
+            conn, ns, "events", storage_id=sid, interval=86400, batch_size=BATCH,
+            max_bytes=1024**3, policy_revision=rev, enabled=True, expect_revision=None,
+            now=db_now(conn), actor="bench",
+        )  # fmt: skip
+        conn.execute(update(archive_plans).values(next_run_at=db_now(conn)))
 
 
 def _run(engine: Any, settings: Any, env: dict[str, str], orbit: str, place: str, sid: bytes,

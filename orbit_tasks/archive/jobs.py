@@ -183,6 +183,17 @@ def check_retry(state: JobState, max_bytes: int, new_max_bytes: int | None) -> i
     return new_max_bytes
 
 
+def check_repair(state: JobState) -> None:
+    """``orbit job repair`` rebuilds files of a job no claim can write to: FAILED, SUCCEEDED or
+    ABANDONED (a PENDING or RUNNING job may be claimed while the files are put back: exit 3)."""
+    if state in (JobState.FAILED, JobState.SUCCEEDED, JobState.ABANDONED):
+        return
+    raise IllegalState(
+        f"job is {state.value}; repair is allowed from FAILED, SUCCEEDED or ABANDONED "
+        "(a worker may claim it meanwhile: wait until it ends)"
+    )
+
+
 def check_abandon(state: JobState, lease_until: datetime | None, now: datetime) -> None:
     """FAILED or PENDING may be abandoned; RUNNING only once its lease has expired."""
     if state in (JobState.FAILED, JobState.PENDING):

@@ -1,9 +1,11 @@
-"""``orbit job list|show|watch|retry|abandon|verify|export`` (SPEC §5, §9).
+"""``orbit job list|show|watch|retry|abandon|verify|repair|export`` (SPEC §5, §9).
 
 ``retry`` and ``abandon`` run in one transaction with an audit row naming the actor
 (``ORBIT_ACTOR``, else ``$USER``) and accept ``--expect-revision`` (exit 3 when stale). A retry
 with a ``--max-bytes`` lower than the job's budget is refused with exit 2 (invalid input) and
-nothing is written. ``verify`` exits 1 naming the first bad file.
+nothing is written. ``verify`` exits 1 naming the first bad file; ``repair`` (issue 24) rebuilds
+missing or corrupt files from the source, audited, and exits 1 naming a file it cannot rebuild
+identically.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from orbit_tasks.archive import controls as control_rules
 from orbit_tasks.archive.engine.storage import JobFiles
 from orbit_tasks.archive.engine.verify import export_roots, verify_job_dir
 from orbit_tasks.archive.format.expectation import ChainExpectation
-from orbit_tasks.archive.jobs import Job, JobFailure, JobState
+from orbit_tasks.archive.jobs import Job, JobFailure, JobState, check_repair
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
@@ -30,6 +32,7 @@ from orbit_tasks.cli.common import SIZE, LazyGroup, emit, emit_list, iso_utc, js
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine, source_engine
+from orbit_tasks.errors import OrbitError
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import resolve_namespace
@@ -43,7 +46,7 @@ STATES = [s.value for s in JobState]
 
 @click.group("job", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:job_restore"})
 def job_group() -> None:
-    """Archive jobs: inspect, follow, retry, abandon, verify and export."""
+    """Archive jobs: inspect, follow, retry, abandon, verify, repair and export."""
 
 
 def _load(ns: str, job: str) -> tuple[bytes, Job]:
@@ -357,6 +360,60 @@ def job_verify(ns: str, job: str, volume: str, as_json: bool) -> None:
         return
     emit(data, as_json, f"BAD: {report.first_bad_file}: {report.reason}")
     raise SystemExit(1)
+
+
+@job_group.command("repair")
+@click.argument("ns")
+@click.argument("job")
+@click.option("--volume", required=True, help="The job's volume, or s3://BUCKET/PREFIX.")
+@click.option("--dry-run", is_flag=True, help="List what would be rebuilt; write nothing.")
+@json_option
+def job_repair(ns: str, job: str, volume: str, dry_run: bool, as_json: bool) -> None:
+    """Rebuild missing or corrupt files from the source rows, kept only when they hash to the
+    chain's links; exit 1 names a file that cannot be rebuilt identically."""
+    # Imported here: only `job repair` pays for the read-ahead and the runner's manifest.
+    from orbit_tasks.archive.engine import repair
+
+    ns_id, j = _load(ns, job)
+    check_repair(j.state)
+    directory = _job_volume(j, volume)
+    with platform_engine().connect() as conn:
+        try:
+            rng = store.job_range(conn, j)
+        except JobFailure as failure:
+            raise OrbitError(
+                f"job {j.id.hex()}: its range cannot be derived ({failure.code.value}); "
+                "nothing to rebuild from"
+            ) from None
+    report = repair.repair_job(directory, j, rng, source_engine(), dry_run=dry_run)
+    files = [f.as_dict() for f in report.files]
+    if report.files and not dry_run:
+        store.record_repair(
+            platform_engine(), ns_id, j.id, actor=get_settings().actor,
+            detail={
+                "state": j.state.value, "batches": j.batches,
+                "rebuilt": [f.seq for f in report.files if f.action == repair.REBUILT],
+                "not_rebuilt": [f.seq for f in report.files if f.action == repair.NOT_REBUILT],
+            },
+        )  # fmt: skip
+        log_action(
+            log, "archive.job.repaired", namespace_id=ns_id, job_id=j.id, files=len(files),
+            ok=report.ok,
+        )  # fmt: skip
+    data = {
+        "ok": report.ok, "job_id": j.id.hex(), "state": j.state.value, "dry_run": dry_run,
+        "checked": report.checked, "files": files, "reason": report.reason,
+    }  # fmt: skip
+    lines = [f"{f.action}: {f.name} ({f.found})" for f in report.files]
+    if not report.ok:
+        lines.append(f"not rebuilt: {report.reason}; left untouched")
+    elif not report.files:
+        lines.append(f"ok: nothing to repair ({report.checked} files checked)")
+    elif j.state is JobState.FAILED and not dry_run:
+        lines.append(f"repaired; run `orbit job retry {ns} {j.id.hex()}` to finish the job")
+    emit(data, as_json, "\n".join(lines))
+    if not report.ok:
+        raise SystemExit(1)
 
 
 @job_group.command("export")

@@ -406,3 +406,25 @@ heartbeat = Table(
     comment="written by the tick on the primary, read back on a replica",
     **MYSQL_TABLE,
 )
+
+# Revision p0005 (issue 24 item 4): how far a job's final step re-verified its chain, so that
+# the step resumes across claims instead of reading every file within one lease.
+job_checks = Table(
+    "orbit_archive_job_checks",
+    metadata,
+    Column("namespace_id", Id16(), nullable=False),
+    Column("job_id", Id16(), nullable=False),
+    Column("batches", UInt(), nullable=False, comment="the confirmed chain it belongs to"),
+    Column("last_sha256", Hex64(), nullable=False, comment="the confirmed chain's tail"),
+    Column("checked", UInt(), nullable=False, comment="files 0..checked-1 re-verified"),
+    Column("link", Hex64(), nullable=False, comment="SHA-256 of file checked-1"),
+    Column("roots", UBigInt(), nullable=False, comment="roots of files 0..checked-1"),
+    Column("bytes", UBigInt(), nullable=False, comment="bytes of files 0..checked-1"),
+    Column("last_settled", Ascii(40), nullable=False, server_default=text("''")),
+    Column("last_id", Ascii(32), nullable=False, server_default=text("''")),
+    Column("manifest_sha256", Hex64(), nullable=False),
+    Column("updated_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("namespace_id", "job_id"),
+    comment="progress of an archive job's final re-verification, written under its lease",
+    **MYSQL_TABLE,
+)

@@ -1,10 +1,10 @@
 """Every revision builds its tables from its own frozen copy (SPEC §12).
 
-Today the frozen copies (p0001 + p0002 + p0003 + p0004 for the platform chain, b0001 + b0002 +
-b0003 for the business chain) and the live table modules agree exactly (every CREATE TABLE /
-CREATE INDEX for MySQL 8, MariaDB and SQLite); a later change of a live module cannot change
-what an old revision creates (proved in a fresh interpreter that changes live tables and renders
-both chains).
+Today the frozen copies (p0001 + p0002 + p0003 + p0004 + p0005 for the platform chain, b0001 +
+b0002 + b0003 for the business chain) and the live table modules agree exactly (every CREATE
+TABLE / CREATE INDEX for MySQL 8, MariaDB and SQLite); a later change of a live module cannot
+change what an old revision creates (proved in a fresh interpreter that changes live tables and
+renders both chains).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from orbit_tasks.db.migrations.platform import (
     p0002_tables,
     p0003_tables,
     p0004_tables,
+    p0005_tables,
 )
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
@@ -54,7 +55,12 @@ def _ddl(metadata: MetaData, dialect: Dialect) -> dict[str, list[str]]:
 
 
 FROZEN = {
-    "platform": (p0001_tables.metadata, p0002_tables.metadata, p0003_tables.metadata),
+    "platform": (
+        p0001_tables.metadata,
+        p0002_tables.metadata,
+        p0003_tables.metadata,
+        p0005_tables.metadata,
+    ),
     # then the tables a later revision replaced, as that revision leaves them
     "platform+": (p0004_tables.metadata,),
     "business": (b0001_tables.metadata, b0002_tables.metadata, b0003_tables.metadata),
@@ -106,7 +112,18 @@ def test_p0004_replaces_the_wait_reasons_check_only() -> None:
             )
         ]
     assert script_directory("platform").get_revision("p0004").down_revision == "p0003"
-    assert head_revision("platform") == "p0004"
+
+
+def test_p0005_creates_only_the_job_checks() -> None:
+    """p0005 (issue 24 item 4) adds the final step's progress; it never recreates an earlier
+    table."""
+    earlier = set().union(
+        *(m.tables for m in (p0001_tables.metadata, p0002_tables.metadata, p0003_tables.metadata))
+    )
+    assert not set(p0005_tables.metadata.tables) & earlier
+    assert list(p0005_tables.metadata.tables) == ["orbit_archive_job_checks"]
+    assert script_directory("platform").get_revision("p0005").down_revision == "p0004"
+    assert head_revision("platform") == "p0005"
 
 
 def _alone(table: Table) -> MetaData:
@@ -129,7 +146,7 @@ def test_revision_files_never_import_the_live_table_modules() -> None:
         *MIGRATIONS.glob("*/?000?_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 15
+    assert len(files) == 17
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):

@@ -25,7 +25,8 @@ class Fault:
 
     kind: "pass" (forward), "status" (answer ``status`` without forwarding), "drop_before"
     (close without forwarding), "drop_after" (forward, let the platform commit, then close without
-    answering), "sleep" (sleep ``seconds`` then forward; the client may have given up).
+    answering), "sleep" (sleep ``seconds`` then forward; the client may have given up),
+    "truncate" (forward the request without its body's last byte: a store that keeps less).
     """
 
     kind: str = "pass"
@@ -33,6 +34,7 @@ class Fault:
     headers: tuple[tuple[str, str], ...] = ()
     seconds: float = 0.0
     body: bytes = b'{"error":"injected","message":"fault proxy"}'
+    drop_headers: tuple[str, ...] = ()  # forwarded answers: these headers (lowercase) left out
 
 
 PASS = Fault()
@@ -75,7 +77,8 @@ class FaultProxy:
         while time.monotonic() < end:
             with self._lock:
                 busy = any(
-                    s.upstream_status is None and s.action in ("pass", "sleep", "drop_after")
+                    s.upstream_status is None
+                    and s.action in ("pass", "sleep", "drop_after", "truncate")
                     for s in self.seen
                 )
             if not busy:
@@ -130,6 +133,8 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
                 return
             if fault.kind == "sleep":
                 time.sleep(fault.seconds)
+            if fault.kind == "truncate":
+                body = body[:-1]
             headers = {
                 k: v
                 for k, v in self.headers.items()
@@ -150,7 +155,13 @@ def _handler(proxy: FaultProxy, client: httpx.Client) -> type[BaseHTTPRequestHan
                 for name, value in resp.headers.items():
                     if name.lower() in ("content-length", "transfer-encoding", "connection"):
                         continue
+                    if name.lower() in fault.drop_headers:
+                        continue
                     self.send_header(name, value)
+                if self.command == "HEAD":  # no body: the length is the upstream's
+                    self.send_header("Content-Length", resp.headers.get("content-length", "0"))
+                    self.end_headers()
+                    return
                 self.send_header("Content-Length", str(len(resp.content)))
                 self.end_headers()
                 self.wfile.write(resp.content)

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import struct
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -15,7 +16,7 @@ from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format import manifest as fm
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.format import values as fv
-from orbit_tasks.archive.format.chain import verify_chain, verify_prefix
+from orbit_tasks.archive.format.chain import verify_chain, verify_chain_part, verify_prefix
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.gzip_member import gzip_member
 from tests.support.archive_chain import (
@@ -617,3 +618,61 @@ def test_verify_prefix_tail_only_and_full() -> None:
     assert verify_prefix(broken, expect=running).ok
     r = verify_prefix(broken, expect=running, full=True)
     assert not r.ok and r.first_bad_file == c.name(1)
+
+
+def test_a_chain_walked_in_parts_is_the_whole_walk() -> None:
+    """verify_chain_part (issue 24 item 4): one file per part, resumed from the progress each
+    part returns, ends with the same report as one walk; damage found in a later part is
+    named; a wrong progress (its manifest gone) is a bad file, never a pass."""
+    c = build_chain()
+    whole = verify_prefix(c.files, expect=c.expect, full=True)
+    progress, parts = None, 0
+    while True:
+        report, progress = verify_chain_part(
+            c.files, expect=c.expect, progress=progress, more=lambda: False
+        )
+        parts += 1
+        if progress is None:
+            break
+        assert report.ok and progress.checked == parts
+    assert parts == 4 and report == whole
+    data = bytearray(c.data(3))
+    data[len(data) // 2] ^= 0x01
+    broken = [*c.files[:3], (c.name(3), bytes(data))]
+    first, at = verify_chain_part(broken, expect=c.expect, progress=None, more=lambda: True)
+    assert first.ok is False and first.first_bad_file == c.name(3) and at is None
+    answers = iter([True, False])
+    _, two = verify_chain_part(broken, expect=c.expect, progress=None, more=lambda: next(answers))
+    assert two is not None and two.checked == 2  # the manifest and batch 1, then stopped
+    later, done = verify_chain_part(broken, expect=c.expect, progress=two, more=lambda: True)
+    assert not later.ok and later.first_bad_file == c.name(3) and done is None
+    gone, _ = verify_chain_part(c.files[1:], expect=c.expect, progress=two, more=lambda: True)
+    assert not gone.ok and gone.first_bad_file == c.name(0)
+
+
+@pytest.mark.slow
+def test_a_chain_of_ten_thousand_files_walked_a_thousand_files_per_claim() -> None:
+    """The final step's bound per claim with a large count (issue 24 item 4): 10,001 files
+    walked 1,000 per part, each part resumed from the last one's progress; every file is read
+    once (the manifest once more per resume) and the end is the one-walk report."""
+    c = build_chain([[record(i)] for i in range(1, 10_001)], batch_size=1)
+    reads: list[str] = []
+    lazy = [(n, (lambda n=n, d=d: reads.append(n) or d)) for n, d in c.files]
+    whole = verify_prefix(c.files, expect=c.expect, full=True, lines="ends")
+    assert whole.ok and whole.batches == 10_000
+    progress, parts = None, 0
+    while True:
+        budget = iter(range(999))  # 1,000 files per part: the first is free
+
+        def more(b: Iterator[int] = budget) -> bool:
+            return next(b, None) is not None
+
+        report, progress = verify_chain_part(
+            lazy, expect=c.expect, progress=progress, more=more, lines="ends"
+        )
+        parts += 1
+        if progress is None:
+            break
+        assert report.ok and progress.checked == 1_000 * parts
+    assert parts == 11 and report == whole
+    assert len(reads) == 10_001 + 10 and len(set(reads)) == 10_001

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from botocore.exceptions import ClientError as BotoClientError
 from botocore.exceptions import (
     ConnectionClosedError,
@@ -16,6 +17,7 @@ from botocore.exceptions import (
 
 from orbit_tasks.archive.engine.objects import (
     S3Location,
+    _Client,
     backoff,
     check_options,
     fault_of,
@@ -122,3 +124,21 @@ def test_workers_are_handed_folders_and_s3_locations() -> None:
         location_from_json({"gcs": {}})
     with pytest.raises(InvalidInput, match="SSE mode"):
         location_from_json({"s3": {"bucket": "b", "sse": "x"}})
+
+
+@pytest.mark.parametrize("limit", [SoftTimeLimitExceeded, TimeLimitExceeded])
+def test_a_time_limit_is_never_an_io_fault(limit: type[Exception]) -> None:
+    """Celery's time limits derive from ``Exception``: the retry loop around an S3 request
+    must let them through as they are (the task lets the lease expire), never word them as an
+    ``ArchiveIOError`` (job code ``IO_ERROR``, a failed job) (issue 24 item 4)."""
+    assert fault_of(limit()) == "time_limit"
+    client = _Client(S3Location("orbit-archive", region="us-east-1"), retry_seconds=5)
+    calls = []
+
+    def request(_client: object) -> None:
+        calls.append(1)
+        raise limit()
+
+    with pytest.raises(limit):
+        client.call("GetObject", "x", request)
+    assert calls == [1]  # not retried either

@@ -8,7 +8,10 @@ file) and ``PREFIX/<ns_hex>/<job_hex>/<name>`` the job files, named as on a volu
   with ``If-None-Match: *`` (an existing key is never replaced; a second writer gets 412 and
   compares the bytes, as a folder's ``link`` does) and ``x-amz-checksum-sha256`` (the server
   checks the body against it). The identity object is created the same way, so of two
-  ``storage init`` runs on one prefix exactly one identity wins.
+  ``storage init`` runs on one prefix exactly one identity wins. A created object is known
+  stored before it counts as written (issue 24): the PUT's answer carries our checksum back,
+  else a HEAD finds our size and checksum; a server that answered 200 without storing gets
+  the PUT again (:func:`put_if_absent`).
 * Listing (``ListObjectsV2``, paginated) is done only where a folder is listed: a takeover and
   the final step (and ``orbit job verify|export|restore``); never per batch.
 * A stale writer's removal (step 6) deletes the key only when no claim can confirm that name
@@ -50,10 +53,10 @@ from orbit_tasks.archive.engine.volume import (
     FileConflict,
     StoredFile,
     VolumeIdentity,
+    check_chain_name,
     identity_document,
     parse_identity,
 )
-from orbit_tasks.archive.format.names import parse_name
 from orbit_tasks.archive.format.values import sha256_hex
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.logs import log_action
@@ -111,6 +114,11 @@ TRANSIENT_CODES = frozenset(
 TRANSIENT_TRANSPORT = frozenset(
     {"ConnectionError", "HTTPClientError", "IncompleteReadError", "ProtocolError"}
 )
+#: Celery's (billiard's) time limits, raised into the task by a signal while a request runs:
+#: they derive from ``Exception`` but are no I/O fault (issue 24 item 4: a time limit worded
+#: as ``IO_ERROR`` failed a large job's final step on every retry). By name, through the MRO:
+#: this module does not import Celery.
+TIME_LIMITS = frozenset({"SoftTimeLimitExceeded", "TimeLimitExceeded"})
 #: botocore's "no (usable) credentials in the chain".
 NO_CREDENTIALS = frozenset(
     {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
@@ -252,9 +260,12 @@ def redact_url(text: str) -> str:
 
 
 def fault_of(exc: BaseException) -> str:
-    """``transient``, ``denied``, ``no_bucket``, ``missing``, ``exists`` or ``other`` for an
-    exception raised by a botocore call (pure: reads the error code and status only)."""
+    """``time_limit``, ``transient``, ``denied``, ``no_bucket``, ``missing``, ``exists`` or
+    ``other`` for an exception raised by a botocore call (pure: reads the error code and status
+    only)."""
     names = {c.__name__ for c in type(exc).__mro__}
+    if names & TIME_LIMITS:
+        return "time_limit"
     if names & NO_CREDENTIALS:
         return "denied"
     response = getattr(exc, "response", None)
@@ -342,7 +353,7 @@ class _Client:
     def call(self, op: str, what: str, fn: Callable[[Any], T]) -> T:
         """``fn(client)`` retried on transient faults for at most ``retry_seconds``; permanent
         faults become this module's errors (``missing`` -> FileNotFoundError, ``exists`` is
-        re-raised for the caller)."""
+        re-raised for the caller); a time limit passes through as it is."""
         deadline = time.monotonic() + self.retry_seconds
         attempt = 0
         while True:
@@ -350,6 +361,8 @@ class _Client:
                 return fn(self.get())
             except Exception as exc:
                 fault = fault_of(exc)
+                if fault == "time_limit":
+                    raise
                 if fault == "transient":
                     pause = backoff(attempt, rnd=random.random())
                     if time.monotonic() + pause >= deadline:
@@ -467,9 +480,7 @@ class S3Job:
         )  # fmt: skip
 
     def store(self, name: str, data: bytes) -> StoredFile:
-        parsed = parse_name(name)
-        if parsed is None or parsed.sha256 != sha256_hex(data):
-            raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+        check_chain_name(name, data)
         key = self._key(name)
         created = put_if_absent(self._client, key, name, data)
         if not created:
@@ -490,6 +501,22 @@ class S3Job:
 
             self._client.call("DeleteObject", name, delete)
 
+    def replace_damaged(self, name: str, data: bytes) -> bool:
+        """A missing key gets the conditional PUT; a key holding other bytes (read just before)
+        is deleted first (S3 has no atomic replace under ``If-None-Match``)."""
+        check_chain_name(name, data)
+        try:
+            current: bytes | None = self.read(name)
+        except FileNotFoundError:
+            current = None
+        if current == data:
+            return False
+        if current is not None:
+            self.remove([name])
+        if not put_if_absent(self._client, self._key(name), name, data) and self.read(name) != data:
+            raise FileConflict(f"{name} was written meanwhile with other contents; left untouched")
+        return True
+
     def remove_if_unconfirmed(
         self, name: str, confirmed: Collection[str], stored: StoredFile
     ) -> bool:
@@ -500,9 +527,45 @@ class S3Job:
 
 
 def put_if_absent(client: _Client, key: str, what: str, data: bytes) -> bool:
-    """One conditional, checksummed PUT (retried): True when this call created the key, False
-    when the first attempt found it there (412). A 412 after an attempt whose answer was lost
-    counts as created (that attempt's object is ours)."""
+    """One conditional, checksummed PUT (retried), known stored before it returns: True when
+    this call created the key, False when the first attempt found it there (412). A 412 after
+    an attempt whose answer was lost counts as created (that attempt's object is ours).
+
+    A created object is known stored (issue 24 item 2) when the PUT's answer carries our
+    SHA-256 checksum back, else by one ``HeadObject`` (checksum mode on) that finds the key
+    with our size (and our checksum, when the server gives one). A server that answered 200
+    without storing (the HEAD finds nothing, or other bytes under our name: our own object,
+    not confirmed) costs another PUT, within the same retry budget; past it,
+    :class:`StorageUnavailable` (the runner stops, the lease expires, a claim tries again)."""
+    deadline = time.monotonic() + client.retry_seconds
+    attempt = 0
+    while True:
+        created, answered = _put(client, key, what, data)
+        if not created:
+            return False
+        problem = None if answered == _checksum(data) else _stored_problem(client, key, data)
+        if problem is None:
+            return True
+        log_action(
+            log, "archive.storage.put_lost", logging.WARNING, target=what, found=problem,
+            attempt=attempt + 1,
+        )  # fmt: skip
+        pause = backoff(attempt, rnd=random.random())
+        if time.monotonic() + pause >= deadline:
+            raise StorageUnavailable(
+                f"{what}: the object store answered PutObject but did not store it "
+                f"({problem}) for {client.retry_seconds:g} s"
+            )
+        if problem != "missing":  # our object, unconfirmed, with other bytes: put it again
+            client.call(
+                "DeleteObject", what, lambda c: c.delete_object(Bucket=client.loc.bucket, Key=key)
+            )  # fmt: skip
+        time.sleep(pause)
+        attempt += 1
+
+
+def _put(client: _Client, key: str, what: str, data: bytes) -> tuple[bool, str]:
+    """The conditional PUT: (created, the checksum the answer carries or "")."""
     loc = client.loc
     checksum = _checksum(data)
     extra = _put_args(loc)
@@ -510,19 +573,38 @@ def put_if_absent(client: _Client, key: str, what: str, data: bytes) -> bool:
 
     failpoints.hit("objects.before_put")
 
-    def put(c: Any) -> None:
+    def put(c: Any) -> str:
         nonlocal tries
         tries += 1
-        c.put_object(
+        response = c.put_object(
             Bucket=loc.bucket, Key=key, Body=data, IfNoneMatch="*", ChecksumSHA256=checksum,
             ChecksumAlgorithm="SHA256", **extra,
         )  # fmt: skip
+        return str(response.get("ChecksumSHA256") or "")
 
     try:
-        client.call("PutObject", what, put)
+        return True, client.call("PutObject", what, put)
     except _Exists:
-        return tries > 1
-    return True
+        return tries > 1, ""
+
+
+def _stored_problem(client: _Client, key: str, data: bytes) -> str | None:
+    """What one HEAD says is wrong with the object under ``key`` (None: our bytes are there):
+    ``missing``, ``size`` or ``checksum``."""
+
+    def head(c: Any) -> dict[str, Any]:
+        return dict(c.head_object(Bucket=client.loc.bucket, Key=key, ChecksumMode="ENABLED"))
+
+    try:
+        answer = client.call("HeadObject", key, head)
+    except FileNotFoundError:
+        return "missing"
+    if int(answer.get("ContentLength", -1)) != len(data):
+        return "size"
+    checksum = answer.get("ChecksumSHA256")
+    if checksum and checksum != _checksum(data):
+        return "checksum"
+    return None
 
 
 class S3Storage:

@@ -17,7 +17,8 @@ What a chain does once, and what it does per batch (docs/archive-jobs.md, "The r
   that also takes the next claim, with the database clock inside it. What the chain confirmed
   (counters, tail name, cursor, range) is carried in Python, never re-read;
 * at the end: the final step lists the directory and verifies the whole chain, one file at a
-  time, with the same streaming verifier ``orbit job verify`` uses.
+  time, with the same streaming verifier ``orbit job verify`` uses -- resumable across claims
+  when it does not fit one delivery's time (issue 24 item 4).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
+from orbit_tasks.archive_limits import max_slice_seconds
 from orbit_tasks.db import gtid
 from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
@@ -110,6 +112,7 @@ class _Chain:
     settings: Settings
     clock: Clock
     deadline: float  # monotonic end of the time slice
+    started: float  # monotonic start of the delivery (the time limits count from it)
     gate: Gate | None = None  # the controls of the chain (None: off, the bench's baseline)
     stopped: WaitReason | None = None  # why the chain released at a batch boundary
     rng: ArchiveRange | None = None  # derived once per chain
@@ -188,7 +191,7 @@ def run_job(
             storage = _open(volume, settings)
             ch = _Chain(
                 engine, conn, source_engine, c, storage, storage.job(ns_id, job_id), settings,
-                clock, started + settings.archive_slice_seconds, g,
+                clock, started + settings.archive_slice_seconds, started, g,
             )  # fmt: skip
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
@@ -632,7 +635,9 @@ def _confirm(
     )  # fmt: skip
     failpoints.hit("archive.after_confirm")
     if after == "release" and stop is not None:
-        if follow is not None:  # written ahead before the controls changed: not confirmed
+        # written ahead before the controls changed, not confirmed: step 6 leaves it while the
+        # job can be claimed (a next claim may adopt it by name); else the final step removes it
+        if follow is not None:
             with contextlib.suppress(Exception):
                 ahead = follow.result()
                 leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
@@ -678,15 +683,33 @@ def _finish(ch: _Chain) -> Outcome:
     """Step 5: re-verify the whole chain from disk (streaming, with the range any node derives
     from the database), remove strays under the lease check, apply the SOURCE_CHANGED rule,
     then SUCCEEDED. Only a verified chain tells confirmed files from strays: a walk that
-    stopped at a corrupt file would take the confirmed files after it for leftovers."""
+    stopped at a corrupt file would take the confirmed files after it for leftovers.
+
+    The walk is resumable (issue 24 item 4): it goes on while the delivery is within the
+    longest time slice its lease allows (``archive_limits.max_slice_seconds``, one margin before
+    the soft time limit; never shorter than the configured slice; at least one file per
+    claim). When that time is up, the strays of the
+    part walked are removed, the progress is recorded and the job released in one fenced
+    transaction, and a continuation's claim resumes the walk from it (its tail check, then the
+    rest): a job of any number of files finishes, one lease at a time."""
     c = ch.claim
     job = c.job
     names = leftovers.list_dir(ch.directory)
-    report = verify.verify_job_prefix(
-        ch.directory, _expectation(ch), full=True, names=names, allow_strays=True,
-        io_errors=True, lines=CHAIN_LINES,
+    progress = store.final_progress(ch.conn, job)
+    deadline = max(ch.deadline, ch.started + max_slice_seconds(ch.settings.archive_lease_seconds))
+    report, rest = verify.verify_job_part(
+        ch.directory, _expectation(ch), names=names, progress=progress,
+        more=lambda: time.monotonic() < deadline, lines=CHAIN_LINES,
     )  # fmt: skip
     _require_verified(report, ch)
+    if rest is not None:
+        leftovers.remove(ch.conn, c, ch.clock, ch.directory, list(report.strays))
+        store.release_with_progress(ch.conn, c, rest, clock=ch.clock)
+        log_action(
+            log, "archive.job.final_step_released", namespace_id=job.namespace_id,
+            job_id=job.id, checked=rest.checked, files=job.batches + 1,
+        )  # fmt: skip
+        return Outcome.RELEASED
     leftovers.remove(
         ch.conn, ch.claim, ch.clock, ch.directory, claim_rules.stray_names(names, report)
     )
@@ -718,8 +741,9 @@ def _loop(
     with engine.connect() as conn:
         conn = single_statements(conn)
         storage = _open(volume, settings)
+        started = time.monotonic()
         ch = _Chain(
             engine, conn, engine, c, storage, storage.job(c.job.namespace_id, c.job.id),
-            settings, clock, time.monotonic() + settings.archive_slice_seconds,
+            settings, clock, started + settings.archive_slice_seconds, started,
         )  # fmt: skip
         return _run_chain(ch, publish)

@@ -57,6 +57,12 @@ class JobFiles(Protocol):
         """Remove leftovers (a missing name is fine); ``OSError``/``ArchiveIOError`` else."""
         ...
 
+    def replace_damaged(self, name: str, data: bytes) -> bool:
+        """Put a rebuilt chain file back (``orbit job repair``): a missing name is published as
+        by :meth:`store`, a name holding other bytes (read just before) is replaced; False when
+        the name holds ``data`` already."""
+        ...
+
     def remove_if_unconfirmed(
         self, name: str, confirmed: Collection[str], stored: StoredFile
     ) -> bool:
@@ -118,6 +124,9 @@ class FolderJob:
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / name).unlink()
         volume.fsync_dir(self.directory)
+
+    def replace_damaged(self, name: str, data: bytes) -> bool:
+        return volume.replace_job_file(self.directory, name, data)
 
     def remove_if_unconfirmed(
         self, name: str, confirmed: Collection[str], stored: StoredFile

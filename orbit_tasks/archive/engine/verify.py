@@ -15,6 +15,8 @@ an S3 prefix: the same checks, reading one object at a time).
   passes ``allow_strays`` (other files at confirmed positions are reported, not fatal) and
   ``io_errors`` (an unreadable file other than a missing one raises ``ArchiveIOError``:
   ``IO_ERROR`` rather than ``CHAIN_BROKEN``).
+* :func:`verify_job_part` -- the final step's walk in parts, resumable from a recorded progress
+  (issue 24 item 4).
 * :func:`confirmed_name_at` -- the name of the confirmed chain file at one position, walked
   back from the tail through the batch headers only.
 * :func:`export_roots` -- verifies first (raises :class:`ChainInvalid` naming the first bad file),
@@ -32,7 +34,12 @@ from typing import Any
 from orbit_tasks.archive.engine.storage import JobFiles, job_files
 from orbit_tasks.archive.engine.volume import ArchiveIOError
 from orbit_tasks.archive.format.batch import batch_header, decode_batch
-from orbit_tasks.archive.format.chain import verify_chain, verify_prefix
+from orbit_tasks.archive.format.chain import (
+    ChainProgress,
+    verify_chain,
+    verify_chain_part,
+    verify_prefix,
+)
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.names import TMP_PREFIX, parse_name, tail_name
 from orbit_tasks.archive.format.values import FormatError, sha256_hex
@@ -127,6 +134,25 @@ def verify_job_prefix(
         if not allow_strays or parse_name(n) is not None
     ]
     return verify_prefix(files, expect=expect, full=True, allow_strays=allow_strays, lines=lines)
+
+
+def verify_job_part(
+    jf: JobFiles,
+    expect: ChainExpectation,
+    *,
+    names: Sequence[str],
+    progress: ChainProgress | None,
+    more: Callable[[], bool],
+    lines: str = "all",
+) -> tuple[VerifyReport, ChainProgress | None]:
+    """The runner's final step in parts (issue 24 item 4): :func:`verify_job_prefix` with
+    ``full``, ``allow_strays`` and ``io_errors``, from ``progress`` for as long as ``more()``
+    says (at least one file); returns the report and the progress to resume from (None: the
+    walk ended)."""
+    files = [(n, _loader(jf, n, True)) for n in names if parse_name(n) is not None]
+    return verify_chain_part(
+        files, expect=expect, progress=progress, more=more, allow_strays=True, lines=lines
+    )
 
 
 def confirmed_name_at(

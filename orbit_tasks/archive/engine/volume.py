@@ -244,6 +244,20 @@ def _unique_tmp(directory: Path, name: str) -> Path:
     return directory / f"{TMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}"
 
 
+def check_chain_name(name: str, data: bytes) -> None:
+    """``ValueError`` unless ``name`` is a chain file name carrying the SHA-256 of ``data``."""
+    parsed = parse_name(name)
+    if parsed is None or parsed.sha256 != sha256_hex(data):
+        raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+
+
+def _discard(tmp: Path | None) -> None:
+    """Remove a temp file a failed write left (if any)."""
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
 def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
     """Durably publish a chain file under its content-addressed ``name`` (see module docstring).
 
@@ -252,9 +266,7 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
     is unconfirmed, and removing it here could delete a file that a live claim has adopted and
     confirmed meanwhile. The lease-checked cleanup of the next claim removes it (SPEC §5).
     """
-    parsed = parse_name(name)
-    if parsed is None or parsed.sha256 != sha256_hex(data):
-        raise ValueError("job file name must be a chain name carrying the sha256 of its data")
+    check_chain_name(name, data)
     directory = Path(dirpath)
     final = directory / name
     tmp: Path | None = None
@@ -281,9 +293,38 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
     except OSError as exc:
         raise _os_error(exc, name) from None
     finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+        _discard(tmp)
+
+
+def replace_job_file(dirpath: Path, name: str, data: bytes) -> bool:
+    """Put the bytes of content-addressed chain file ``name`` back (``orbit job repair``): a
+    missing name is published like :func:`store_job_file` (``link``: never replaces); a name
+    holding other bytes -- read just before, so never a good file -- is replaced by a temp file
+    (written, ``fsync``) renamed over it, then the directory is synced. False when ``name``
+    already holds ``data``."""
+    check_chain_name(name, data)
+    directory = Path(dirpath)
+    final = directory / name
+    try:
+        current = final.read_bytes()
+    except FileNotFoundError:
+        store_job_file(directory, name, data)
+        return True
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    if current == data:
+        return False
+    tmp: Path | None = None
+    try:
+        tmp, _ = _write_temp(directory, name, data)
+        os.rename(tmp, final)
+        tmp = None
+        fsync_dir(directory)
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    finally:
+        _discard(tmp)
+    return True
 
 
 def write_job_file(dirpath: Path, name: str, data: bytes) -> Path:

@@ -230,7 +230,12 @@ def _walk(
     st: _State,
     allow_strays: bool = False,
     lines: str = "all",
-) -> None:
+    first: int = 0,
+    more: Callable[[], bool] | None = None,
+) -> int | None:
+    """Verify chain positions ``first..`` (``st`` holds the chain through ``first - 1``);
+    returns the position it stopped before when ``more()`` said so (at least one position is
+    verified per call), else None: the whole chain and the row's totals verified."""
     _check_row(expect)
     groups = _parse_all(files)
     last = -1 if expect.last_sha256 == "" else expect.batches
@@ -242,7 +247,9 @@ def _walk(
         wanted_at = {last: tail_name(last, expect.last_sha256)}
         if allow_strays:
             wanted_at = _wanted_names(groups, last, expect.last_sha256)
-    for seq in range(last + 1):
+    for seq in range(first, last + 1):
+        if seq > first and more is not None and not more():
+            return seq
         cands = groups.get(seq, [])
         wanted = wanted_at.get(seq)
         if not cands:
@@ -293,6 +300,7 @@ def _walk(
             raise _Bad(tail, "last batch of a finished job is not final")
         if st.roots != st.manifest["roots_total"]:
             raise _Bad(st.manifest_name, "archived roots differ from manifest roots_total")
+    return None
 
 
 def verify_chain(
@@ -308,6 +316,17 @@ def verify_chain(
     except _Bad as bad:
         return st.report(bad)
     return st.report()
+
+
+def _named(files: Sequence[tuple[str, FileData]], name: str, sha: str, missing: str) -> bytes:
+    """The bytes of the file called ``name`` among ``files``, which must hash to ``sha``."""
+    found = [data for n, data in files if n == name]
+    if not found:
+        raise _Bad(name, missing)
+    data = _load(found[0], name)
+    if sha256_hex(data) != sha:
+        raise _Bad(name, "contents do not hash to the sha256 in the name")
+    return data
 
 
 def verify_prefix(
@@ -329,12 +348,7 @@ def verify_prefix(
             st.beyond = sorted(name for name, _ in files)
             return st.report()
         name = tail_name(expect.batches, expect.last_sha256)
-        found = [data for n, data in files if n == name]
-        if not found:
-            raise _Bad(name, "tail file is missing")
-        data = _load(found[0], name)
-        if sha256_hex(data) != expect.last_sha256:
-            raise _Bad(name, "contents do not hash to the sha256 in the name")
+        data = _named(files, name, expect.last_sha256, "tail file is missing")
         if expect.batches == 0:
             st.manifest = _check_manifest(name, data, expect)
         else:
@@ -356,6 +370,56 @@ def verify_prefix(
     except _Bad as bad:
         return st.report(bad)
     return st.report()
+
+
+@dataclass(frozen=True)
+class ChainProgress:
+    """How far a resumable walk of a confirmed chain got (``orbit_archive_job_checks``, issue 24
+    item 4): files ``0..checked-1`` verified, ``link`` the SHA-256 of the last of them, the roots
+    and bytes through it, its last root's key, and the manifest's SHA-256 (re-read on resume)."""
+
+    checked: int
+    link: str
+    roots: int
+    bytes: int
+    last: tuple[str, str] | None
+    manifest_sha256: str
+
+
+def verify_chain_part(
+    files: Sequence[tuple[str, FileData]],
+    *,
+    expect: ChainExpectation,
+    progress: ChainProgress | None,
+    more: Callable[[], bool],
+    allow_strays: bool = False,
+    lines: str = "all",
+) -> tuple[VerifyReport, ChainProgress | None]:
+    """:func:`verify_prefix` (``full``) in parts: from ``progress`` (None: from the manifest)
+    for as long as ``more()`` says (at least one file), returning the report and the progress
+    to resume from (None: the walk ended -- the report is the whole chain's, ok or not). The
+    report's ``strays`` cover the positions walked in this part only."""
+    expect = _not_complete(expect)
+    st = _State()
+    first = 0
+    try:
+        if progress is not None:
+            name = tail_name(0, progress.manifest_sha256)
+            data = _named(files, name, progress.manifest_sha256, "chain file 0 is missing")
+            st.manifest, st.manifest_name = _check_manifest(name, data, expect), name
+            st.batches, st.roots, st.nbytes = progress.checked - 1, progress.roots, progress.bytes
+            st.link, st.last_key, first = progress.link, progress.last, progress.checked
+        stopped = _walk(files, expect, st, allow_strays, lines, first, more)
+    except _Bad as bad:
+        return st.report(bad), None
+    if stopped is None:
+        return st.report(), None
+    assert st.manifest_name is not None
+    parsed = parse_name(st.manifest_name)
+    assert parsed is not None
+    return st.report(), ChainProgress(
+        stopped, st.link, st.roots, st.nbytes, st.last_key, parsed.sha256
+    )
 
 
 def _not_complete(expect: ChainExpectation) -> ChainExpectation:

@@ -26,9 +26,21 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 
 from orbit_tasks import failpoints
+from orbit_tasks.archive.format.chain import ChainProgress
 from orbit_tasks.archive.jobs import (
     ErrorCode,
     Job,
@@ -45,7 +57,7 @@ from orbit_tasks.archive.store.controls import GENERATION_SQL, NO_GENERATION, NO
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_jobs as J
-from orbit_tasks.db.platform_tables import archive_plans, archive_policies
+from orbit_tasks.db.platform_tables import archive_plans, archive_policies, job_checks
 from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
 from orbit_tasks.ids import random_id
 from orbit_tasks.platform.store import insert_audit
@@ -400,7 +412,59 @@ def finalize(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
             state=JobState.SUCCEEDED.value, lease_id=None, lease_until=None,
         )  # fmt: skip
         _clear_plan(conn, c.job)
+        conn.execute(delete(job_checks).where(_checks_key(c.job)))
         failpoints.hit("archive.finalize.before_commit")
+
+
+# --- the final step's progress (issue 24 item 4) --------------------------------------------------
+
+
+def _checks_key(job: Job) -> Any:
+    return and_(job_checks.c.namespace_id == job.namespace_id, job_checks.c.job_id == job.id)
+
+
+def final_progress(bind: Bind, job: Job) -> ChainProgress | None:
+    """How far an earlier claim's final step re-verified ``job``'s confirmed chain (None: not
+    at all, or a progress of another chain)."""
+    with _transaction(bind) as conn:
+        row = conn.execute(
+            select(job_checks).where(
+                _checks_key(job),
+                job_checks.c.batches == job.batches,
+                job_checks.c.last_sha256 == job.last_sha256,
+            )
+        ).first()
+    if row is None:
+        return None
+    last = (str(row.last_settled), str(row.last_id)) if row.last_settled else None
+    return ChainProgress(
+        int(row.checked), str(row.link), int(row.roots), int(row.bytes), last,
+        str(row.manifest_sha256),
+    )  # fmt: skip
+
+
+def release_with_progress(
+    bind: Bind, c: Claim, progress: ChainProgress, *, clock: Clock = DB_CLOCK
+) -> None:
+    """The final step's time is up: PENDING again (lease cleared) with its progress recorded,
+    in one transaction fenced by the claim and the confirmed chain (``LeaseLost``: neither)."""
+    job = c.job
+    last_settled, last_id = progress.last or ("", "")
+    with _transaction(bind, atomic=True) as conn:
+        _fenced_update(
+            conn, c, clock, "release", on_chain=True,
+            state=JobState.PENDING.value, lease_id=None, lease_until=None,
+        )  # fmt: skip
+        conn.execute(delete(job_checks).where(_checks_key(job)))
+        conn.execute(
+            insert(job_checks).values(
+                namespace_id=job.namespace_id, job_id=job.id, batches=job.batches,
+                last_sha256=job.last_sha256, checked=progress.checked, link=progress.link,
+                roots=progress.roots, bytes=progress.bytes, last_settled=last_settled,
+                last_id=last_id, manifest_sha256=progress.manifest_sha256,
+                updated_at=clock.sql(),
+            )
+        )  # fmt: skip
 
 
 # --- manual operations ---------------------------------------------------------------------------
@@ -501,6 +565,24 @@ def abandon(
             at=now,
         )
         return require_job(conn, ns_id, job_id)
+
+
+def record_repair(
+    engine: Engine,
+    ns_id: bytes,
+    job_id: bytes,
+    *,
+    actor: str,
+    detail: dict[str, Any],
+    clock: Clock = DB_CLOCK,
+) -> None:
+    """The audit row of an ``orbit job repair`` that found damaged files (the job row itself
+    does not change: the files are put back under the names it already vouches for)."""
+    with engine.begin() as conn:
+        insert_audit(
+            conn, ns_id, actor=actor, action="archive.job.repair", target_kind="archive_job",
+            target_id=job_id.hex(), detail=detail, at=clock.now(conn),
+        )  # fmt: skip
 
 
 # --- listing -------------------------------------------------------------------------------------
