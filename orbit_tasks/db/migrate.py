@@ -179,6 +179,11 @@ def _later_tables(conn: Connection, spec: ChainSpec) -> tuple[list[str], str | N
     reached: str | None = None
     revisions = _later_revisions(spec)
     for i, (revision, names) in enumerate(revisions):
+        if not names:
+            # It only changes tables an earlier revision added (p0004): those were compared with
+            # the head above, so it is adopted with the next revision that adds tables that
+            # exist, and runs when none does.
+            continue
         found = compare_tables(conn, _subset(head, names))
         if not found.present:
             after = [n for _r, later in revisions[i + 1 :] for n in later]

@@ -527,16 +527,45 @@ def test_schema_doc_carries_the_b0003_ddl() -> None:
 
 def test_platform_tables_made_at_the_head_are_adopted_once_and_p0004_runs(tmp_path: Path) -> None:
     """Every platform table created by hand as the head defines it (no record): each is adopted
-    once -- p0004 replaces p0002's waits table, it adds none -- p0003 is recorded, p0004 runs
-    on the adopted table and the waits keep accepting `replica_diverged`."""
+    once -- p0004 replaces p0002's waits table, it adds none, and is adopted with p0005, whose
+    table exists -- the head is recorded and the waits accept `replica_diverged`."""
     url = f"sqlite:///{tmp_path / 'p.sqlite3'}"
     engine = make_engine(url)
     try:
         platform_metadata.create_all(engine)
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision) == ("adopted", "p0004")
+        assert (result.action, result.revision) == ("adopted", "p0005")
         assert sorted(result.adopted) == sorted(set(result.adopted))
         assert "orbit_archive_job_waits" in result.adopted
+        with engine.begin() as conn:
+            conn.execute(
+                text(WAIT_ROW.format(ns="x'" + "ab" * 16 + "'", job="x'" + "ef" * 16 + "'",
+                                     reason="replica_diverged"))
+            )  # fmt: skip
+    finally:
+        engine.dispose()
+
+
+def test_platform_tables_made_as_p0003_left_them_adopt_p0003_and_p0004_p0005_run(
+    tmp_path: Path,
+) -> None:
+    """Every platform table of the head but p0005's made by hand: p0003 is recorded (the waits
+    table as the head defines it is adopted with p0002's), then p0004 runs on it and p0005
+    creates its table; the head is recorded."""
+    url = f"sqlite:///{tmp_path / 'p.sqlite3'}"
+    engine = make_engine(url)
+    try:
+        platform_metadata.create_all(
+            engine,
+            tables=[
+                t for n, t in platform_metadata.tables.items() if n != "orbit_archive_job_checks"
+            ],
+        )
+        result = upgrade(engine, "platform")
+        assert (result.action, result.revision) == ("adopted", "p0005")
+        assert "orbit_archive_job_waits" in result.adopted
+        assert "orbit_archive_job_checks" in result.created
+        assert "orbit_archive_job_waits" not in result.created
         with engine.begin() as conn:
             conn.execute(
                 text(WAIT_ROW.format(ns="x'" + "ab" * 16 + "'", job="x'" + "ef" * 16 + "'",
