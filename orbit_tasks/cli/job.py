@@ -93,10 +93,15 @@ def _range_view(job: Job) -> dict[str, Any] | None:
         except JobFailure:
             return None
     fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
-    return {
+    view: dict[str, Any] = {
         "from": None if rng.from_ is None else rng.from_.strftime(fmt),
         "until": rng.until.strftime(fmt),
     }
+    if rng.from_id is not None:  # a key bound (settled, id): SPEC §5 budget-sized ranges
+        view["from_id"] = rng.from_id.hex()
+    if rng.until_id is not None:
+        view["until_id"] = rng.until_id.hex()
+    return view
 
 
 @job_group.command("list")
@@ -299,11 +304,11 @@ def _job_volume(j: Job, volume: str) -> JobFiles:
 def _expectation(j: Job) -> ChainExpectation:
     with platform_engine().connect() as conn:
         try:
-            rng = store.job_range(conn, j)
-            rng_tuple: Any = (rng.from_, rng.until)
+            rng: ArchiveRange | None = store.job_range(conn, j)
         except JobFailure:
-            rng_tuple = None
-    return claims.chain_expectation(j, complete=j.state is JobState.SUCCEEDED, range=rng_tuple)
+            rng = None
+    expect = claims.chain_expectation(j, complete=j.state is JobState.SUCCEEDED)
+    return expect if rng is None else claims.with_range(expect, rng)
 
 
 @job_group.command("verify")

@@ -21,7 +21,12 @@ from sqlalchemy.engine import Dialect
 from orbit_tasks.db import business_tables, history_tables, platform_tables
 from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
-from orbit_tasks.db.migrations.platform import p0001_tables, p0002_tables, p0003_tables
+from orbit_tasks.db.migrations.platform import (
+    p0001_tables,
+    p0002_tables,
+    p0003_tables,
+    p0006_tables,
+)
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "orbit_tasks" / "db" / "migrations"
@@ -48,7 +53,12 @@ def _ddl(metadata: MetaData, dialect: Dialect) -> dict[str, list[str]]:
 
 
 FROZEN = {
-    "platform": (p0001_tables.metadata, p0002_tables.metadata, p0003_tables.metadata),
+    "platform": (
+        p0001_tables.metadata,
+        p0002_tables.metadata,
+        p0003_tables.metadata,
+        p0006_tables.metadata,
+    ),
     "business": (b0001_tables.metadata, b0002_tables.metadata),
 }
 
@@ -80,6 +90,15 @@ def test_p0003_creates_only_new_tables() -> None:
     assert list(p0003_tables.metadata.tables) == ["orbit_archive_object_storages"]
 
 
+def test_p0006_creates_only_new_tables() -> None:
+    """p0006 (issue 25) adds the recorded ends of job ranges; it never recreates an earlier
+    table (the seed's orbit_archive_jobs keeps its columns)."""
+    earlier = set(p0001_tables.metadata.tables) | set(p0002_tables.metadata.tables)
+    earlier |= set(p0003_tables.metadata.tables)
+    assert not set(p0006_tables.metadata.tables) & earlier
+    assert list(p0006_tables.metadata.tables) == ["orbit_archive_job_ends"]
+
+
 def test_business_head_is_b0002_on_b0001() -> None:
     assert head_revision("business") == "b0002"
     assert script_directory("business").get_revision("b0002").down_revision == "b0001"
@@ -92,7 +111,7 @@ def test_revision_files_never_import_the_live_table_modules() -> None:
         *MIGRATIONS.glob("*/?000?_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 11
+    assert len(files) == 13
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):

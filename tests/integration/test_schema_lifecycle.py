@@ -85,7 +85,7 @@ def test_upgrade_adopts_hand_created_seed_tables_without_touching_a_row(chain: s
         after = mariadb_snapshot(url)
 
         assert result["action"] == "adopted" and sorted(result["adopted"]) == sorted(before)
-        assert len(result["created"]) == (21 if chain == "platform" else 2)
+        assert len(result["created"]) == (22 if chain == "platform" else 2)
         for table, snap in before.items():
             assert after[table] == snap, f"{table} was changed"
         version = "orbit_alembic_version" if chain == "platform" else "sender_alembic_version"
@@ -205,11 +205,11 @@ def test_an_empty_version_table_left_by_older_releases_is_adopted() -> None:
                 )
             )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0003", 2)
+        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0006", 2)
         with engine.connect() as conn:
             versions = conn.execute(text("SELECT version_num FROM orbit_alembic_version")).all()
         engine.dispose()
-        assert [v[0] for v in versions] == ["p0003"]
+        assert [v[0] for v in versions] == ["p0006"]
 
 
 @pytest.mark.mariadb
@@ -220,7 +220,7 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         assert json.loads(current.stdout) == {
             "at_head": False,
             "database": "platform",
-            "head": "p0003",
+            "head": "p0006",
             "revision": None,
         }
         fresh = invoke_orbit(["db", "check"], env)
@@ -228,10 +228,10 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         missing = "missing tables: orbit_archive_control_generation, orbit_archive_controls"
         assert missing in fresh.stdout
         assert invoke_orbit(["db", "upgrade"], env).stdout.strip() == (
-            "platform database: created 23 tables; revision p0003 recorded"
+            "platform database: created 24 tables; revision p0006 recorded"
         )
         assert invoke_orbit(["db", "current"], env).stdout.strip() == (
-            "platform database: revision p0003 (head)"
+            "platform database: revision p0006 (head)"
         )
         ok = invoke_orbit(["db", "check", "--json"], env)
         assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True
@@ -257,7 +257,7 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
 def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
     """A database migrated to p0001 by an earlier release, with rows in the seed and platform
     tables: `db check` asks for the upgrade, `db upgrade` creates the five control tables (p0002)
-    and the S3 locations (p0003) and records p0003, and no existing row changes."""
+    the S3 locations (p0003) and the recorded range ends (p0006) and records p0006, and no existing row changes."""
     with mariadb_database("orbit_p1") as url:
         engine = make_engine(url)
         with engine.connect() as conn, conn.begin():
@@ -277,15 +277,16 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         env = orbit_env(url, url)
         stale = invoke_orbit(["db", "check"], env)
         assert stale.exit_code == 1
-        assert "revision p0001 is recorded, head is p0003; run `orbit db upgrade`" in stale.stdout
+        assert "revision p0001 is recorded, head is p0006; run `orbit db upgrade`" in stale.stdout
         done = run_orbit(["db", "upgrade", "--json"], env)
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
-        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0003", [])
+        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0006", [])
         assert sorted(result["created"]) == [
             "orbit_archive_control_generation",
             "orbit_archive_controls",
             "orbit_archive_heartbeat",
+            "orbit_archive_job_ends",
             "orbit_archive_job_waits",
             "orbit_archive_object_storages",
             "orbit_archive_throttle_buckets",
@@ -293,7 +294,7 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         human = invoke_orbit(["db", "upgrade"], env)
         assert (
             human.stdout.strip()
-            == "platform database: already current (revision p0003); nothing changed"
+            == "platform database: already current (revision p0006); nothing changed"
         )
         after = mariadb_snapshot(url)
         for table, snap in before.items():
