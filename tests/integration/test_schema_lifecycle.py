@@ -256,8 +256,9 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
 @pytest.mark.mariadb
 def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
     """A database migrated to p0001 by an earlier release, with rows in the seed and platform
-    tables: `db check` asks for the upgrade, `db upgrade` creates the five control tables (p0002)
-    the S3 locations (p0003) and the recorded range ends (p0006) and records p0006, and no existing row changes."""
+    tables: `db check` asks for the upgrade, `db upgrade` creates the five control tables (p0002),
+    the S3 locations (p0003) and the recorded range ends (p0006) and records p0006, and no
+    existing row changes."""
     with mariadb_database("orbit_p1") as url:
         engine = make_engine(url)
         with engine.connect() as conn, conn.begin():

@@ -65,24 +65,33 @@ def keys_from(
     (namespace_id, settled, id) is walked ``offset`` entries far, reading no row."""
     if rng.empty:
         return []
+    q = keys_query(kind, ns_id, rng, offset, limit)
+    return [(settled, bytes(root_id)) for settled, root_id in conn.execute(q).all()]
+
+
+def keys_query(kind: str, ns_id: bytes, rng: ArchiveRange, offset: int, limit: int) -> Any:
+    """The statement of :func:`keys_from`."""
     hk = history_kind(kind)
-    q = (
+    return (
         select(hk.settled, hk.root.c.id)
         .where(*_range_cond(hk, ns_id, rng))
         .order_by(hk.settled, hk.root.c.id)
         .offset(offset)
         .limit(limit)
     )
-    return [(settled, bytes(root_id)) for settled, root_id in conn.execute(q).all()]
 
 
 def count_roots(conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange) -> int:
     """``roots_total`` of the manifest: roots with ``from <= settled < until``."""
     if rng.empty:
         return 0
+    return int(conn.execute(count_query(kind, ns_id, rng)).scalar_one())
+
+
+def count_query(kind: str, ns_id: bytes, rng: ArchiveRange) -> Any:
+    """The statement of :func:`count_roots`."""
     hk = history_kind(kind)
-    q = select(func.count()).select_from(hk.root).where(*_range_cond(hk, ns_id, rng))
-    return int(conn.execute(q).scalar_one())
+    return select(func.count()).select_from(hk.root).where(*_range_cond(hk, ns_id, rng))
 
 
 def _columns(table: Table, server_times: bool) -> list[Any]:
