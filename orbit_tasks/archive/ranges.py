@@ -131,13 +131,6 @@ def derive_range(inputs: RangeInputs) -> ArchiveRange:
     return ArchiveRange(start[0], end[0], start[1], end[1])
 
 
-def policy_range(
-    rng: ArchiveRange, created_at: datetime, archive_after_seconds: int
-) -> ArchiveRange:
-    """``rng`` with the end its policy gives (before any cut)."""
-    return rng.ending_at((range_until(created_at, archive_after_seconds), None))
-
-
 def cut_short(end: Bound, policy_until: datetime) -> bool:
     """A recorded end before the policy's ``until``: the range was cut to its budget, and more
     history the policy lets go is still waiting (SPEC §5 catch-up)."""

@@ -23,7 +23,7 @@ from orbit_tasks.archive import claims
 from orbit_tasks.archive.engine.readahead import batch_builder, encode_chunk
 from orbit_tasks.archive.format import manifest as fm
 from orbit_tasks.archive.format.lines import Key
-from orbit_tasks.archive.jobs import Job
+from orbit_tasks.archive.jobs import Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange, end_between, roots_within_budget
 from orbit_tasks.archive.store import source
 from orbit_tasks.platform.history import history_kind
@@ -132,8 +132,11 @@ def fit_range(conn: Connection, job: Job, rng: ArchiveRange) -> Fitted:
     ranges), read on the source ``conn``: the sample's bytes per root give how many roots fit;
     when the range holds more, its end moves to just after the last root that fits. The count
     of roots is exact: the range (cut or not) is counted on the source."""
-    est = estimate(conn, job, rng, 1)
-    if est.sample_roots == 0:  # no root in the range: nothing to cut
+    try:
+        est = estimate(conn, job, rng, 1)
+    except JobFailure:  # the sample met a root no file can hold (SOURCE_INVALID, ROOT_TOO_LARGE):
+        est = None  # no cut, the batches meet it in order and fail there, as without a budget
+    if est is None or est.sample_roots == 0:  # or no root in the range: nothing to cut
         return Fitted(rng, source.count_roots(conn, job.kind, job.namespace_id, rng), 0, 0)
     fits = roots_within_budget(job.max_bytes, len(manifest_bytes(job, rng, 0)), est.bytes_per_root)
     keys = source.keys_from(conn, job.kind, job.namespace_id, rng, fits - 1, 2)

@@ -55,7 +55,7 @@ from orbit_tasks.archive.jobs import (
     JobFailure,
     claimable,
 )
-from orbit_tasks.archive.ranges import ArchiveRange, policy_range
+from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
@@ -112,6 +112,7 @@ class _Chain:
     stopped: WaitReason | None = None  # why the chain released at a batch boundary
     rng: ArchiveRange | None = None  # derived once per chain
     recorded: store.RecordedEnd | None = None  # the range's recorded end (None: not yet)
+    policy_until: datetime | None = None  # the end the job's policy gives (before any cut)
     next_job: bytes | None = None  # the catch-up job finalize created (SPEC §5)
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
@@ -325,9 +326,9 @@ def _claims(ch: _Chain) -> Outcome:
     try:
         _check_volume(ch)  # step 1
         with ch.conn.begin():
-            ch.rng = store.job_range(ch.conn, ch.claim.job)  # once per chain (POLICY_MISSING)
-            job = ch.claim.job
-            ch.recorded = store.recorded_end(ch.conn, job.namespace_id, job.id)
+            # once per chain (POLICY_MISSING), with the policy's end and the recorded end
+            known = store.chain_range(ch.conn, ch.claim.job)
+            ch.rng, ch.policy_until, ch.recorded = known.range, known.policy_until, known.recorded
         _verify_prefix(ch)  # step 2
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
             data, total = _source_manifest(ch)
@@ -510,9 +511,9 @@ def _fitted_manifest(ch: _Chain, conn: Connection) -> tuple[bytes, int]:
         return manifest_file(conn, job, ch.rng)
     with conn.begin():
         fitted = fit_range(conn, job, ch.rng)
-    policy = policy_range(ch.rng, job.created_at, _archive_after(ch))
+    assert ch.policy_until is not None
     recorded = store.RecordedEnd(
-        fitted.range.end, policy.until, fitted.roots_total, fitted.sample_roots,
+        fitted.range.end, ch.policy_until, fitted.roots_total, fitted.sample_roots,
         fitted.sample_bytes,
     )  # fmt: skip
     store.record_end(ch.conn, ch.claim, recorded, clock=ch.clock)
@@ -524,13 +525,6 @@ def _fitted_manifest(ch: _Chain, conn: Connection) -> tuple[bytes, int]:
             sample_bytes=fitted.sample_bytes, max_bytes=job.max_bytes,
         )  # fmt: skip
     return manifest_bytes(job, fitted.range, fitted.roots_total), fitted.roots_total
-
-
-def _archive_after(ch: _Chain) -> int:
-    job = ch.claim.job
-    with ch.conn.begin():
-        seconds = store.policy_seconds(ch.conn, job.namespace_id, job.kind, {job.policy_revision})
-    return seconds[job.policy_revision]
 
 
 def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:

@@ -59,6 +59,7 @@ from orbit_tasks.archive.ranges import (
     RangeInputs,
     cut_short,
     derive_range,
+    range_until,
 )
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.store.controls import GENERATION_SQL, NO_GENERATION, NO_GENERATION_SQL
@@ -672,21 +673,52 @@ def range_at(
     preview``: the job a tick would create now). A job's own recorded end replaces its policy's
     ``until``; the earlier successes count with their recorded end, or (jobs from before
     revision p0006) with their policy's ``until``."""
+    inputs, _own = _range_inputs(conn, ns_id, kind, policy_revision, created_at, job_id)
+    return derive_range(inputs)
+
+
+@dataclass(frozen=True)
+class ChainRange:
+    """What a claim chain knows of its job's range: the range (with the recorded end, if any),
+    the end its policy gives, and the recorded end (None: not fixed yet)."""
+
+    range: ArchiveRange
+    policy_until: datetime
+    recorded: RecordedEnd | None
+
+
+def chain_range(conn: Connection, job: Job) -> ChainRange:
+    """:func:`job_range` with the policy's end and the recorded end, read by the same
+    statements (the runner, once per chain)."""
+    inputs, own = _range_inputs(
+        conn, job.namespace_id, job.kind, job.policy_revision, job.created_at, job.id
+    )
+    policy_until = range_until(inputs.created_at, inputs.archive_after_seconds)
+    return ChainRange(derive_range(inputs), policy_until, own)
+
+
+def _range_inputs(
+    conn: Connection,
+    ns_id: bytes,
+    kind: str,
+    policy_revision: int,
+    created_at: datetime,
+    job_id: bytes,
+) -> tuple[RangeInputs, RecordedEnd | None]:
     earlier = conn.execute(earlier_successes_before(ns_id, kind, created_at, job_id)).all()
     latest = {int(rev): created for rev, created in earlier}
     after = policy_seconds(conn, ns_id, kind, {policy_revision, *latest})
     end_row = conn.execute(earlier_end_before(ns_id, kind, created_at, job_id)).first()
     earlier_end = None if end_row is None else _bound(end_row[0], end_row[1])
     own = recorded_end(conn, ns_id, job_id)
-    return derive_range(
-        RangeInputs(
-            created_at,
-            after[policy_revision],
-            tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
-            earlier_end,
-            None if own is None else own.end,
-        )
+    inputs = RangeInputs(
+        created_at,
+        after[policy_revision],
+        tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
+        earlier_end,
+        None if own is None else own.end,
     )
+    return inputs, own
 
 
 def _bound(at: datetime, root_id: bytes | None) -> Bound:
