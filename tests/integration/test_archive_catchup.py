@@ -401,3 +401,29 @@ def test_a_budget_exceeded_job_from_before_the_upgrade_has_a_way_out(
                 conn.execute(archive_jobs.delete().where(archive_jobs.c.id == jobs[0].id))
         assert_caught_up(engine, ns, {sid: vol}, at_least=2)
         engine.dispose()
+
+
+@pytest.mark.mariadb
+def test_two_namespaces_catch_up_side_by_side_on_one_storage(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Two backlogs on one storage and one worker process: the catch-ups share it (time slices,
+    and each next job queued behind the other's wake-ups): each namespace's first job succeeds
+    before the other's last one; both end with every root once."""
+    engine = platform_engine
+    with archive_env(mariadb_url, engine, tmp_path) as ae:
+        vol = tmp_path / "vol"
+        sid = make_volume(engine, vol, "vol")
+        names = []
+        for i, name in enumerate(("left", "right")):
+            ns, _q = make_namespace(engine, name)
+            _seed_events(engine, ns, 25_000, seed=10 + i)
+            make_plan(engine, ns, KIND, sid, batch_size=100, max_bytes=1 * MiB)
+            names.append(ns)
+        ae.worker("w1", [vol])
+        ae.tick()
+        for ns in names:
+            _wait_caught_up(ae, ns, 300)
+    done = {ns: assert_caught_up(engine, ns, {sid: vol}, at_least=3) for ns in names}
+    left, right = (done[ns] for ns in names)
+    assert left[0].updated_at < right[-1].updated_at and right[0].updated_at < left[-1].updated_at

@@ -6,8 +6,8 @@ import gzip
 import io
 import json
 import struct
-from datetime import UTC, date, datetime, timedelta, timezone
 from dataclasses import replace
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
