@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
