@@ -9,7 +9,7 @@ the runner over a pipe. The runner writes and confirms them exactly as before: t
 writes nothing, not to the database (its connection only reads) nor to a volume.
 
 Protocol (both ends are this module; the pipe is private to the two processes): the runner
-pickles a request ``(url, bounds, job, range, cursor, cap)`` to the process's stdin -- the URL
+pickles one request ``(url, bounds, job, range, cursor, cap)`` to the process's stdin -- the URL
 with its password travels only there, never in argv or the environment -- and the process
 pickles, in order, one ``("batch", PreparedBatch)`` per file and then ``("end",)``, or
 ``("failure", code)`` for a job failure (SOURCE_INVALID, ...), or ``("transient", detail)`` for
@@ -19,12 +19,9 @@ its lease expires, never a job failure.
 
 One warm spare is kept per runner process so a claim chain does not wait for an interpreter to
 start (started when the previous chain ends: an interpreter's start-up beside a running chain
-took a core from it). A process serves one chain at a time; a chain that read its stream to the
-end (``end`` or ``failure``) hands its process back as the spare, which serves the next chain's
-request (issue 25: a catch-up runs one short chain per job, and an interpreter's start-up per
-chain doubled the worker's CPU per root). A chain that stops early (the slice ends with
-prepared files unused) or loses its reader kills the process. A process dies with the runner
-that started it (``PR_SET_PDEATHSIG``), so a killed worker leaves no reader behind.
+took a core from it); each process serves one chain and is killed when the chain stops early
+(the slice ends with prepared files unused). A process dies with the runner that started it
+(``PR_SET_PDEATHSIG``), so a killed worker leaves no reader behind.
 """
 
 from __future__ import annotations
@@ -86,7 +83,6 @@ class ProcessReadAhead:
         )
         self._items: Handover[tuple[Any, ...]] = Handover(DEPTH, lambda item: item[0] == "batch")
         self._done = False  # the stream ended (end, failure or fault): the process is finished
-        self._reusable = False  # it ended with end or failure: the process serves another chain
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -96,7 +92,7 @@ class ProcessReadAhead:
         assert self._proc.stdin is not None and self._proc.stdout is not None
         try:
             pickle.dump(self._request, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            self._proc.stdin.flush()
+            self._proc.stdin.close()
         except OSError:  # the spare died before its request: its stream ends at once
             pass
         self._thread = threading.Thread(
@@ -126,32 +122,22 @@ class ProcessReadAhead:
             return batch
         self._done = True
         if kind == "end":
-            self._reusable = True
             return None
         if kind == "failure":
-            self._reusable = True
             raise JobFailure(ErrorCode(item[1]))
         raise ReaderLost(str(item[1]))
 
     def close(self) -> None:
         self._stop.set()
         proc = self._proc
-        reuse = self._reusable and proc is not None and proc.poll() is None
-        if proc is not None and not reuse and proc.poll() is None:
-            proc.kill()  # stopped early, or lost: it holds nothing worth waiting for
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # stopped early, or finished: it holds nothing worth waiting for
         drain(self._items.queue)  # unblock the receiving thread's put()
         if self._thread is not None:
             self._thread.join(10)
-            reuse = reuse and not self._thread.is_alive()
-        if proc is not None and reuse:
-            _give_back(proc)  # its stream is read to the end: it serves the next chain
-            return
         if proc is not None:
-            if proc.poll() is None:
-                proc.kill()
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    pipe.close()
+            if proc.stdout is not None:
+                proc.stdout.close()
             proc.wait(10)
         _start_spare()  # for the next chain: started now, not beside this one (it takes a core)
 
@@ -183,25 +169,6 @@ def _spawn() -> subprocess.Popen[bytes]:
     )
 
 
-def _give_back(proc: subprocess.Popen[bytes]) -> None:
-    """A process whose chain read its stream to the end becomes the spare again (one spare: a
-    surplus one is stopped)."""
-    global _spare, _spare_pid
-    if _spare is not None and _spare_pid == os.getpid() and _spare.poll() is None:
-        _stop(proc)
-        return
-    _spare, _spare_pid = proc, os.getpid()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            pipe.close()
-    proc.wait(10)
-
-
 def _start_spare() -> None:
     global _spare, _spare_pid
     if _spare is None or _spare_pid != os.getpid() or _spare.poll() is not None:
@@ -224,8 +191,9 @@ def warm(settings: Settings) -> None:
 def discard_spare() -> None:
     """Stop this process's spare (its environment is stale: tests that change failpoints)."""
     global _spare
-    if _spare is not None and _spare_pid == os.getpid():
-        _stop(_spare)
+    if _spare is not None and _spare_pid == os.getpid() and _spare.poll() is None:
+        _spare.kill()
+        _spare.wait(10)
     _spare = None
 
 
@@ -253,59 +221,36 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
-    """Serve requests one after the other until the runner closes the pipe (or a fault: the
-    runner then stops this process). One engine per database, kept across requests."""
-    engines: dict[tuple[str, Any], Engine] = {}
     try:
-        while True:
-            try:
-                url, bounds, job, rng, cursor, cap = pickle.load(stdin)
-            except EOFError:  # the runner exited (or never used this spare)
-                return
-            key = (url, repr(bounds))
-            if key not in engines:
-                engines[key] = make_engine(url, bounds=bounds)
-            if not _serve_one(engines[key], stdout, job, rng, cursor, cap):
-                return
-    finally:
-        for engine in engines.values():
-            engine.dispose()
-
-
-def _serve_one(
-    engine: Engine,
-    stdout: IO[bytes],
-    job: Job,
-    rng: ArchiveRange,
-    cursor: source.Cursor | None,
-    cap: int,
-) -> bool:
-    """One chain's stream; False when this process should stop (a fault, the runner gone)."""
+        url, bounds, job, rng, cursor, cap = pickle.load(stdin)
+    except EOFError:  # a spare never used: its runner exited
+        return
 
     def send(*item: Any) -> None:
         pickle.dump(item, stdout, protocol=pickle.HIGHEST_PROTOCOL)
         stdout.flush()
 
+    engine = make_engine(url, bounds=bounds)
     try:
         with ReadAhead(engine, job, rng, cursor, cap) as ahead:
             while True:
                 batch = ahead.next()
                 if batch is None:
                     send("end")
-                    return True
+                    return
                 send("batch", batch)
                 if batch.final:
                     send("end")
-                    return True
+                    return
     except JobFailure as failure:
         send("failure", failure.code.value)
-        return True
     except BrokenPipeError:
-        return False  # the runner stopped reading
+        return  # the runner stopped reading
     except Exception as exc:  # noqa: BLE001 - any other fault is transient for the runner
         log_action(log, "archive.reader.fault", logging.WARNING, error=type(exc).__name__)
         send("transient", type(exc).__name__)
-        return False
+    finally:
+        engine.dispose()
 
 
 def open_read_ahead(
