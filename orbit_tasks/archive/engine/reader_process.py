@@ -155,12 +155,7 @@ class ProcessReadAhead:
             _give_back(proc)  # its stream is read to the end: it serves the next chain
             return
         if proc is not None:
-            if proc.poll() is None:
-                proc.kill()
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    pipe.close()
-            proc.wait(10)
+            _stop(proc)
         _start_spare()  # for the next chain: started now, not beside this one (it takes a core)
 
     def _receive(self, stream: IO[bytes]) -> None:

@@ -365,16 +365,19 @@ def fail(bind: Bind, c: Claim, code: ErrorCode, *, clock: Clock = DB_CLOCK) -> N
         )  # fmt: skip
 
 
-def _clear_plan(conn: Connection, job: Job) -> None:
-    conn.execute(
+def _clear_plan(conn: Connection, job: Job, next_job: bytes | None = None) -> int:
+    """The plan's ``active_job_id`` from ``job`` to ``next_job`` (None: cleared), only if it
+    still points at ``job``; returns the rows changed."""
+    result = conn.execute(
         update(archive_plans)
         .where(
             archive_plans.c.namespace_id == job.namespace_id,
             archive_plans.c.kind == job.kind,
             archive_plans.c.active_job_id == job.id,
         )
-        .values(active_job_id=None)
+        .values(active_job_id=next_job)
     )
+    return int(result.rowcount)
 
 
 def finalize(
@@ -437,16 +440,7 @@ def next_job(conn: Connection, job: Job, clock: Clock) -> bytes | None:
         return None
     job_id = new_id()
     conn.execute(insert(J), [plan_store.new_job_row(plan, job_id, now)])
-    result = conn.execute(
-        update(archive_plans)
-        .where(
-            archive_plans.c.namespace_id == job.namespace_id,
-            archive_plans.c.kind == job.kind,
-            archive_plans.c.active_job_id == job.id,
-        )
-        .values(active_job_id=job_id)
-    )
-    if result.rowcount != 1:  # cannot happen under the row lock; never leave a stray job
+    if _clear_plan(conn, job, job_id) != 1:  # cannot happen under the row lock; no stray job
         raise StaleRevision(f"plan {job.kind!r} changed under the catch-up of {job.id.hex()}")
     return job_id
 
