@@ -4,10 +4,11 @@ On a private MariaDB server (buffer pool 1 GiB, warmed: in cache), one real ``or
 archive -c 1`` process already running and ready (the reader process, the default on MariaDB),
 batch 100, the same settled event roots for every contender, in one run:
 
-* **catch-up**: the plan's budget is small (``--budget``, default 1 MiB), so the backlog is
-  archived as consecutive jobs, each cut to its budget by its first claim and created by the
-  success of the one before (SPEC §5). The clock starts when ``orbit archive tick`` is started
-  (``orbit plan run`` is not on this branch) and stops when the plan has no active job and every
+* **catch-up**: the plan's budget is small (``--budget``, default 4 MiB: the issue's job
+  size, ~40k event roots), so the backlog is archived as consecutive jobs, each cut to its
+  budget by its first claim and created by the success of the one before (SPEC §5). The
+  clock starts when ``orbit archive tick`` is started (``orbit plan run`` is not on this
+  branch) and stops when the plan has no active job and every
   job is SUCCEEDED. Jobs, roots per second, worker CPU, peak RSS, and each job's phases (the job
   rows polled every 5 ms): creation -> first claim (the wake-up), claim -> manifest confirmed (the
   cut: the sample, the index walk, the count, the record, the manifest), manifest -> last batch,
@@ -15,7 +16,7 @@ batch 100, the same settled event roots for every contender, in one run:
 * **one job**: the same rows with a budget that fits them (1 GiB), from the same tick command.
 * **pt-archiver** ``--no-delete --file --limit 100 --commit-each`` over the same rows.
 
-    .venv/bin/python bench/archive_catchup.py [--events 500000] [--budget 1MiB]
+    .venv/bin/python bench/archive_catchup.py [--events 500000] [--budget 4MiB]
 
 Writes bench/archive_catchup.json and prints the commands.
 """
@@ -167,7 +168,7 @@ class CatchUp(FromTick):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--budget", default="1MiB")
+    parser.add_argument("--budget", default="4MiB")
     parser.add_argument("--port", type=int, default=3313)
     args = parser.parse_args()
     args.tasks = args.small = 0
