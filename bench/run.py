@@ -32,6 +32,7 @@ SCRIPTS = [
     "archive_controls",
     "archive_from_tick",
     "replica_check",
+    "archive_catchup",
 ]
 
 
@@ -122,9 +123,19 @@ def _targets(docs: dict[str, dict[str, Any]]) -> list[str]:
              rc[f"{kind}_server_check_over_read"] < 1)
             for kind in ("events", "tasks")
         ]  # fmt: skip
+    c = docs.get("archive_catchup")
+    if c:
+        rows += [
+            (f"25: a backlog in budget-sized jobs ({c['sizes']}; {c['catch_up']['jobs']} jobs) "
+             "vs pt-archiver --commit-each", ">= 1.0x",
+             f"{c['catch_up_over_pt_archiver_commit_each']}x",
+             c["catch_up_over_pt_archiver_commit_each"] >= 1.0),
+            ("25: the same backlog vs the same rows in one job", ">= 0.85x",
+             f"{c['catch_up_over_one_job']}x", c["catch_up_over_one_job"] >= 0.85),
+        ]  # fmt: skip
     if not rows:
         return []
-    out = ["## Targets (issues 8, 17, 19, 24)", "", "| target | wanted | measured | |"]
+    out = ["## Targets (issues 8, 17, 19, 24, 25)", "", "| target | wanted | measured | |"]
     out.append("|---|---|---|---|")
     out += [f"| {n} | {w} | {m} | {'met' if ok else 'MISSED'} |" for n, w, m, ok in rows]
     return [*out, ""]

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.names import TMP_PREFIX, parse_name
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
+from orbit_tasks.archive.ranges import ArchiveRange
 
 #: Per-file cap: one archive file (manifest or batch) may take at most a quarter of the job's
 #: budget, and never more than 64 MiB: ``file_cap(max_bytes) = min(MAX_FILE_BYTES, max_bytes // 4)``
@@ -148,3 +150,9 @@ def chain_expectation(
         complete=complete,
         range=range,
     )
+
+
+def with_range(expect: ChainExpectation, rng: ArchiveRange) -> ChainExpectation:
+    """``expect`` that also checks the manifest's range against ``rng`` (its bounds, and the root
+    ids of those that are keys)."""
+    return replace(expect, range=(rng.from_, rng.until), range_ids=(rng.from_id, rng.until_id))

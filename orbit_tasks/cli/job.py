@@ -101,16 +101,32 @@ def _range_view(job: Job) -> dict[str, Any] | None:
         "from": None if rng.from_ is None else rng.from_.strftime(fmt),
         "until": rng.until.strftime(fmt),
     }
+    if rng.from_id is not None:  # a key bound (settled, id): SPEC §5 budget-sized ranges
+        view["from_id"] = rng.from_id.hex()
+    if rng.until_id is not None:
+        view["until_id"] = rng.until_id.hex()
     if cut is not None:
         view["cut"] = cut
     return view
 
 
 def _range_cut(conn: Any, job: Job) -> dict[str, Any] | None:
-    """The seam of budget-sized ranges (issue 25 items 1 and 4): when the job's range was cut
-    short, ``{"until": <the effective end>, "reason": <why>}`` from the platform table of
-    effective ends; None until that table exists, and then the ``cut`` key is absent."""
-    return None
+    """When the job's range was cut short to fit its budget (SPEC §5 budget-sized ranges):
+    ``{"until", "policy_until", "reason"}`` from its recorded end (``orbit_archive_job_ends``);
+    None when it was not cut or has no recorded end yet."""
+    end = store.recorded_end(conn, job.namespace_id, job.id)
+    if end is None or not end.cut:
+        return None
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+    per_root = end.sample_bytes / end.sample_roots if end.sample_roots else 0.0
+    return {
+        "until": end.end[0].strftime(fmt),
+        "policy_until": end.policy_until.strftime(fmt),
+        "reason": (
+            f"budget: {end.roots_total} roots fit max_bytes {job.max_bytes} at "
+            f"{per_root:.0f} bytes per root measured on {end.sample_roots} roots"
+        ),
+    }
 
 
 @job_group.command("list")
@@ -323,11 +339,11 @@ def _job_volume(j: Job, volume: str) -> JobFiles:
 def _expectation(j: Job) -> ChainExpectation:
     with platform_engine().connect() as conn:
         try:
-            rng = store.job_range(conn, j)
-            rng_tuple: Any = (rng.from_, rng.until)
+            rng: ArchiveRange | None = store.job_range(conn, j)
         except JobFailure:
-            rng_tuple = None
-    return claims.chain_expectation(j, complete=j.state is JobState.SUCCEEDED, range=rng_tuple)
+            rng = None
+    expect = claims.chain_expectation(j, complete=j.state is JobState.SUCCEEDED)
+    return expect if rng is None else claims.with_range(expect, rng)
 
 
 @job_group.command("verify")

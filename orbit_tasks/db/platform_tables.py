@@ -263,6 +263,24 @@ archive_object_storages = Table(
     **MYSQL_TABLE,
 )
 
+# Revision p0006 (issue 25): the effective end of a job's range, fixed before its first batch.
+archive_job_ends = Table(
+    "orbit_archive_job_ends",
+    metadata,
+    Column("namespace_id", Id16(), nullable=False),
+    Column("job_id", Id16(), nullable=False, comment="the job of orbit_archive_jobs"),
+    Column("range_until", DateTime6(), nullable=False, comment="the end: a settled time"),
+    Column("until_id", Id16(), nullable=True, comment="with range_until, a key (settled, id)"),
+    Column("policy_until", DateTime6(), nullable=False, comment="the end the policy gives"),
+    Column("roots_total", UBigInt(), nullable=False, comment="roots of the range"),
+    Column("sample_roots", UBigInt(), nullable=False, comment="roots of the size sample"),
+    Column("sample_bytes", UBigInt(), nullable=False, comment="their bytes, packed as files"),
+    Column("recorded_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("namespace_id", "job_id"),
+    comment="effective ends of archive job ranges (SPEC 5 budget-sized ranges)",
+    **MYSQL_TABLE,
+)
+
 archive_policies = Table(
     "orbit_archive_policies",
     metadata,

@@ -11,13 +11,15 @@ import random
 import signal
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, func, insert, select
 
+from orbit_tasks.archive.engine import budget
 from orbit_tasks.archive.engine.volume import job_dir, write_identity
 from orbit_tasks.archive.format.names import parse_name, tail_name
 from orbit_tasks.archive.jobs import Job, JobState
@@ -275,22 +277,38 @@ def test_wrong_volume_is_storage_mismatch_and_writes_nothing(ae: ArchiveEnv) -> 
     assert sid != other
 
 
-def _seed_big(ae: ArchiveEnv, ns: bytes, q: bytes, roots: int, payload: int) -> None:
-    """Task roots whose request_json carries ``payload`` random hex characters (gzip ~1/2)."""
+def _seed_big(
+    ae: ArchiveEnv, ns: bytes, q: bytes, roots: int, payload: int, at: Any = None
+) -> None:
+    """Task roots whose request_json carries ``payload`` random hex characters (gzip ~1/2);
+    with ``at``, settled one millisecond apart from that time on."""
     rnd = random.Random(7)
     spec = generator.make_spec("tasks", roots, days=2, settled_fraction=1.0)
     hk = HISTORY_KINDS["tasks"]
     with ae.engine.begin() as conn:
         for chunk in generator.generate(spec, ns, [q], rnd, db_now(conn)):
-            for root in chunk.roots:
+            for i, root in enumerate(chunk.roots):
                 root["request_json"] = f'{{"blob":"{rnd.randbytes(payload // 2).hex()}"}}'
+                if at is not None:
+                    root[hk.settled_column] = at + timedelta(milliseconds=i)
             conn.execute(insert(hk.root), chunk.roots)
             conn.execute(insert(hk.children[0].table), chunk.children)
 
 
 def test_budget_exceeded_then_retry_with_a_higher_budget(ae: ArchiveEnv) -> None:
-    ns, q, vol, _ = _setup(ae, "budget", roots=1, batch=10, max_bytes=2 * MiB)
-    _seed_big(ae, ns, q, roots=100, payload=50_000)  # ~2.5 MB of batches
+    """BUDGET_EXCEEDED stays the guard (SPEC §5) for rows fatter than the sample a range was cut
+    with: 100 big roots settled between two of the sample's points, among small ones; the range
+    is not cut (the sample saw small roots only) and its files outgrow the budget."""
+    ns, q, vol, _ = _setup(ae, "budget", roots=2000, batch=10, max_bytes=2 * MiB)
+    hk = HISTORY_KINDS["tasks"]
+    with ae.engine.connect() as conn:
+        first, last = conn.execute(
+            select(func.min(hk.settled), func.max(hk.settled)).where(
+                hk.root.c.namespace_id == ns, hk.settled.is_not(None)
+            )
+        ).one()
+    between = first + (last - first) * 3.5 / budget.SAMPLE_POINTS  # no sample point reads here
+    _seed_big(ae, ns, q, roots=100, payload=50_000, at=between)  # ~2.5 MB of batches
     ae.worker("w", [vol])
     job = create_job(ae, ns, "tasks")
     failed = wait_state(ae, job, DONE, timeout=60)

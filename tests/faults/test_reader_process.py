@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -117,6 +118,37 @@ def test_a_chain_stopped_early_kills_its_reader_and_the_next_uses_a_warm_spare(
     with reader_process.ProcessReadAhead(ae.engine, job, rng, None, cap) as again:
         assert again._proc is spare
         assert again.next() == first
+
+
+def test_a_chain_read_to_its_end_hands_its_reader_to_the_next_chain(ae: ArchiveEnv) -> None:
+    """A catch-up runs one short chain per job (issue 25): a chain that took its final batch
+    gives its process back as the spare, and the next chain's request is served by that
+    same process (no interpreter started per chain), with the same files as a fresh one."""
+    ns, _, _ = _setup(ae, "reuse", "tasks", roots=60, batch=5)
+    job = create_job(ae, ns, "tasks")
+    with ae.engine.connect() as conn:
+        rng = job_store.job_range(conn, job)
+    job = replace(job, last_sha256="ab" * 32)  # as after its manifest
+    cap = file_cap(job.max_bytes)
+
+    def whole(ahead: reader_process.ProcessReadAhead) -> tuple[Any, list[PreparedBatch]]:
+        with ahead:
+            out = []
+            while (batch := ahead.next()) is not None:
+                out.append(batch)
+            return ahead._proc, out
+
+    proc, first = whole(reader_process.ProcessReadAhead(ae.engine, job, rng, None, cap))
+    assert first and first[-1].final
+    assert proc is not None and proc.poll() is None and reader_process._spare is proc
+    again, second = whole(reader_process.ProcessReadAhead(ae.engine, job, rng, None, cap))
+    assert again is proc and second == first
+    with reader_process.ProcessReadAhead(ae.engine, job, rng, None, cap) as runner_like:
+        while not runner_like.next().final:  # type: ignore[union-attr]
+            pass  # as the runner: it stops at the final batch and never asks for the end
+    assert runner_like._proc is proc and reader_process._spare is proc and proc.poll() is None
+    reader_process.discard_spare()
+    assert proc.poll() is not None
 
 
 def test_a_killed_reader_process_is_transient_and_a_takeover_finishes(

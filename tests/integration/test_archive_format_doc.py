@@ -14,7 +14,7 @@ from pathlib import Path
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.format import values as fv
 from orbit_tasks.platform.history import HISTORY_KINDS
-from tests.support.archive_chain import UNTIL, build_chain, manifest
+from tests.support.archive_chain import T0, UNTIL, build_chain, manifest, rid
 from tests.support.restore import FIXTURE, fixture_rows
 from tests.support.s3 import REGION, MotoServer, bucket_name
 from tests.support.s3 import moto_fixture as moto_fixture  # the session's S3 server
@@ -66,6 +66,11 @@ def test_the_documented_script_verifies_format_1_and_2(tmp_path: Path) -> None:
     middle.write_bytes(bytes(data))
     done = _run(script, broken, chain.expect.last_sha256)
     assert done.returncode == 1 and done.stdout.startswith(f"BAD {chain.name(2)}:"), done.stdout
+
+    keyed = build_chain(range_from=T0, range_from_id=rid(1))  # a key bound (SPEC §5 catch-up)
+    done = _run(script, _write(keyed.files, tmp_path / "keyed"), keyed.expect.last_sha256)
+    assert done.returncode == 0 and done.stdout.startswith("ok: 3 batches, 5 roots"), done.stdout
+    assert json.loads(keyed.data(0))["range"]["from_id"] == rid(1).hex()
 
     empty = manifest(roots_total=0, range_from=UNTIL, range_until=UNTIL)
     sha = fv.sha256_hex(empty)

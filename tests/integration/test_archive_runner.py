@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from orbit_tasks import counters
-from orbit_tasks.archive.engine import runner, verify, volume
+from orbit_tasks.archive.engine import budget, runner, verify, volume
 from orbit_tasks.archive.engine.volume import job_dir, write_job_file
 from orbit_tasks.archive.format import batch as ff
 from orbit_tasks.archive.format import names as file_names
@@ -119,13 +119,17 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     # one fenced UPDATE per confirmed file (+ the first claim and the finalize)
     assert kinds["UPDATE orbit_archive_jobs"] == done.batches + 3, kinds
     # roots: several batches per keyset query (+ the manifest's count); children: one query
-    # (the same keyset walk joined to the attempts) per root query
-    children = sum("JOIN orbit_task_attempts" in sql for sql in stmts.sql)
-    chunks = kinds["SELECT orbit_tasks"] - 1 - children
+    # (the same keyset walk joined to the attempts) per root query. Before the manifest, the
+    # budget's sample (SPEC §5 budget-sized ranges): the settled span, SAMPLE_POINTS root reads
+    # with their children, and the cut's walk of the settled index
+    children = sum("JOIN orbit_task_attempts" in sql for sql in stmts.sql) - budget.SAMPLE_POINTS
+    chunks = kinds["SELECT orbit_tasks"] - 1 - children - (2 + 2 * budget.SAMPLE_POINTS)
     assert chunks <= done.batches / 5, kinds
     assert children == chunks, kinds
-    assert kinds["SELECT orbit_archive_jobs"] <= 3, kinds  # the job row, the claim, the range
+    # the job row, the claim, the range (the earlier successes, the greatest recorded end)
+    assert kinds["SELECT orbit_archive_jobs"] <= 4, kinds
     assert kinds["SELECT orbit_archive_policies"] == 1, kinds  # the range, once per chain
+    assert kinds["INSERT orbit_archive_job_ends"] == 1, kinds  # the range's end, recorded once
     # the directory is listed once (the final step) and every file read once (its verify)
     assert listings == [str(job_dir(vol, ns, job.id))]
     assert sorted(reads) == sorted(os.listdir(job_dir(vol, ns, job.id)))
@@ -134,7 +138,8 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
 
 def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) -> None:
     """ORBIT_ARCHIVE_READER=process (the default on MariaDB): the runner's connection counts
-    the manifest's roots and confirms; every keyset read runs in the reader process."""
+    the manifest's roots (and samples the range's size) and confirms; every batch's keyset read
+    runs in the reader process."""
     ns, q = make_namespace(ae.engine, "byprocess")
     vol = ae.tmp / "vol"
     sid = make_volume(ae.engine, vol)
@@ -152,8 +157,11 @@ def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) ->
     assert out == "succeeded"
     done = ae.job(ns, job.id)
     kinds = stmts.kinds()
-    assert kinds["SELECT orbit_tasks"] == 1, kinds  # the manifest's count only
-    assert not any("JOIN orbit_task_attempts" in sql for sql in stmts.sql)
+    # the manifest's count, and before it the budget's sample (SPEC §5 budget-sized ranges:
+    # the settled span, SAMPLE_POINTS reads of 16 roots with their children, the cut's walk)
+    assert kinds["SELECT orbit_tasks"] == 1 + 2 + 2 * budget.SAMPLE_POINTS, kinds
+    joins = sum("JOIN orbit_task_attempts" in sql for sql in stmts.sql)
+    assert joins == budget.SAMPLE_POINTS
     assert kinds["UPDATE orbit_archive_jobs"] == done.batches + 3, kinds
     assert_succeeded_exactly(ae, done, vol)
 

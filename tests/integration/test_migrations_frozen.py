@@ -1,6 +1,6 @@
 """Every revision builds its tables from its own frozen copy (SPEC §12).
 
-Today the frozen copies (p0001 + p0002 + p0003 + p0004 + p0005 for the platform chain, b0001 +
+Today the frozen copies (p0001 + ... + p0006 for the platform chain, b0001 +
 b0002 + b0003 for the business chain) and the live table modules agree exactly (every CREATE
 TABLE / CREATE INDEX for MySQL 8, MariaDB and SQLite); a later change of a live module cannot
 change what an old revision creates (proved in a fresh interpreter that changes live tables and
@@ -28,6 +28,7 @@ from orbit_tasks.db.migrations.platform import (
     p0003_tables,
     p0004_tables,
     p0005_tables,
+    p0006_tables,
 )
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
@@ -60,6 +61,7 @@ FROZEN = {
         p0002_tables.metadata,
         p0003_tables.metadata,
         p0005_tables.metadata,
+        p0006_tables.metadata,
     ),
     # then the tables a later revision replaced, as that revision leaves them
     "platform+": (p0004_tables.metadata,),
@@ -123,7 +125,17 @@ def test_p0005_creates_only_the_job_checks() -> None:
     assert not set(p0005_tables.metadata.tables) & earlier
     assert list(p0005_tables.metadata.tables) == ["orbit_archive_job_checks"]
     assert script_directory("platform").get_revision("p0005").down_revision == "p0004"
-    assert head_revision("platform") == "p0005"
+
+
+def test_p0006_creates_only_new_tables() -> None:
+    """p0006 (issue 25) adds the recorded ends of job ranges; it never recreates an earlier
+    table (the seed's orbit_archive_jobs keeps its columns)."""
+    earlier = set(p0001_tables.metadata.tables) | set(p0002_tables.metadata.tables)
+    earlier |= set(p0003_tables.metadata.tables)
+    assert not set(p0006_tables.metadata.tables) & earlier
+    assert list(p0006_tables.metadata.tables) == ["orbit_archive_job_ends"]
+    assert script_directory("platform").get_revision("p0006").down_revision == "p0005"
+    assert head_revision("platform") == "p0006"
 
 
 def _alone(table: Table) -> MetaData:
@@ -146,7 +158,7 @@ def test_revision_files_never_import_the_live_table_modules() -> None:
         *MIGRATIONS.glob("*/?000?_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 17
+    assert len(files) == 19
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):

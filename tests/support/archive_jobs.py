@@ -307,6 +307,7 @@ def wait_marker(marker: Path, timeout: float = 30) -> int:
 
 
 def expectation(ae: ArchiveEnv, job: Job) -> Any:
+    from orbit_tasks.archive.claims import with_range
     from orbit_tasks.archive.format.expectation import ChainExpectation
 
     with ae.engine.connect() as conn:
@@ -316,7 +317,7 @@ def expectation(ae: ArchiveEnv, job: Job) -> Any:
                 archive_jobs.c.namespace_id == job.namespace_id, archive_jobs.c.id == job.id
             )
         ).one()
-    return ChainExpectation.from_job_row(dict(row._mapping), range=(rng.from_, rng.until))
+    return with_range(ChainExpectation.from_job_row(dict(row._mapping)), rng)
 
 
 def file_snapshot(volume: Path, job: Job) -> dict[str, bytes]:

@@ -7,6 +7,7 @@ import io
 import json
 import struct
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -508,6 +509,46 @@ def test_root_outside_range() -> None:
     c = build_chain(range_until=T0 + timedelta(seconds=5))  # until is exclusive
     r = _bad(c.files, c.expect)
     assert r.first_bad_file == c.name(3)
+
+
+def test_key_bounds_split_one_settled_time_between_two_chains() -> None:
+    """A range whose bounds are keys (settled, id) (SPEC §5 budget-sized ranges): roots 1..5
+    settled in one microsecond, the first chain ends before root 3, the second starts at it.
+    The manifest names the ids (``from_id``, ``until_id``), the verifier holds each batch to
+    the keys, and the expectation's ids must match the manifest's."""
+    at = T0 + timedelta(seconds=1)
+    recs = [record(i, settled=at) for i in range(1, 6)]
+    first = build_chain([recs[:2]], range_until=at, range_until_id=rid(3))
+    second = build_chain([recs[2:4], recs[4:]], range_from=at, range_from_id=rid(3))
+    for chain, ids in ((first, (None, rid(3))), (second, (rid(3), None))):
+        lo = None if ids[0] is None else at
+        hi = at if ids[1] is not None else UNTIL
+        expect = replace(chain.expect, range=(lo, hi), range_ids=ids)
+        assert verify_chain(chain.files, expect=expect).ok
+        other = replace(expect, range_ids=(None, None))
+        assert "range differs" in (_bad(chain.files, other).reason or "")
+    doc = fm.decode_manifest(first.data(0))["range"]
+    assert doc == {"from": None, "until": fv.format_ts(at), "until_id": rid(3).hex()}
+    over = build_chain([recs[:2], recs[2:3]], range_until=at, range_until_id=rid(3))  # root 3
+    assert "outside" in (_bad(over.files, over.expect).reason or "")
+    under = build_chain([recs[1:3]], range_from=at, range_from_id=rid(3))  # root 2 is outside
+    assert "outside" in (_bad(under.files, under.expect).reason or "")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"until_id": "AB" * 16},  # not lowercase hex
+        {"until_id": "ab"},
+        {"from_id": "ab" * 16},  # from is null: a key needs a time
+        {"until_key": "ab" * 16},
+    ],
+)
+def test_manifest_range_keys_are_checked(edit: dict[str, str]) -> None:
+    doc = json.loads(build_chain().data(0))
+    doc["range"].update(edit)
+    with pytest.raises(fv.FormatError, match="range"):
+        fm.decode_manifest(fv.canonical_json(doc))
 
 
 def test_final_flag_on_middle_batch_and_missing_final() -> None:

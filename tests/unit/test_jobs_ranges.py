@@ -19,11 +19,18 @@ from orbit_tasks.archive.jobs import (
     lease_expired,
 )
 from orbit_tasks.archive.ranges import (
+    BUDGET_MARGIN,
+    MANIFEST_SLACK,
     ArchiveRange,
     EarlierSuccess,
     RangeInputs,
+    bound_key,
+    cut_short,
     derive_range,
+    end_between,
     range_from,
+    roots_within_budget,
+    start_bound,
 )
 from orbit_tasks.errors import IllegalState, InvalidInput, StaleRevision
 
@@ -190,3 +197,45 @@ def test_parse_volumes_env() -> None:
     for bad in ("[1]", "not json", '{"xyz": "/mnt/a"}'):
         with pytest.raises(InvalidInput):
             parse_volumes(bad)
+
+
+# --- budget-sized ranges (SPEC §5 catch-up) -------------------------------------------------------
+
+
+def test_recorded_ends_are_keys_and_a_plain_time_sorts_before_every_id() -> None:
+    """The greatest recorded end of the earlier successes is the next ``from``, compared as keys
+    (settled, id); a recorded end replaces the job's own policy ``until``; a job from before the
+    table (no recorded end) counts with its policy's ``until``."""
+    t = NOW - timedelta(days=3)
+    a, b = b"\x00" * 15 + b"\x05", b"\x00" * 15 + b"\x09"
+    rng = derive_range(RangeInputs(NOW, 3600, (), (t, a), (t, b)))
+    assert (rng.from_, rng.from_id, rng.until, rng.until_id) == (t, a, t, b)
+    assert rng.contains(t, a) and rng.contains(t, b"\x00" * 15 + b"\x08")
+    assert not rng.contains(t, b) and not rng.contains(t - US, b"\xff" * 16)
+    assert rng.keyed and not rng.empty
+    assert start_bound([], (t, None)) == (t, None)
+    assert bound_key((t, None)) < bound_key((t, a)) < bound_key((t, b))
+    # an old success whose policy until lies beyond the recorded key end wins, and vice versa
+    old = _after(t + timedelta(hours=2), 3600)  # until = t + 1h
+    assert start_bound([old], (t, b)) == (t + timedelta(hours=1), None)
+    assert start_bound([_after(t, 3600)], (t, b)) == (t, b)
+    # a recorded end at a plain time, equal to a key's time, is the smaller one
+    assert derive_range(RangeInputs(NOW, 3600, (), (t, a), (t, None))).empty
+
+
+def test_the_cut_keeps_one_settled_time_together_unless_it_must_split_it() -> None:
+    t = NOW - timedelta(days=1)
+    a, b = b"\x00" * 15 + b"\x01", b"\x00" * 15 + b"\x02"
+    assert end_between((t, a), (t + US, a)) == (t + US, None)  # a plain time: nothing split
+    assert end_between((t, a), (t, b)) == (t, b)  # one microsecond: a key
+    assert cut_short((t, b), t + US) and cut_short((t, None), t + US)
+    assert not cut_short((t, None), t)
+
+
+def test_roots_within_budget_keeps_a_margin_and_at_least_one_root() -> None:
+    mib = 1024 * 1024
+    fits = roots_within_budget(mib, 4000, 100.0)
+    assert fits == int((mib - 4000 - MANIFEST_SLACK) / (100.0 * BUDGET_MARGIN))
+    assert fits * 100.0 * BUDGET_MARGIN <= mib - 4000
+    assert roots_within_budget(mib, 4000, 10.0 * mib) == 1
+    assert roots_within_budget(mib, 4000, 0.0) >= 1

@@ -5,29 +5,23 @@ The prospective job is the row a tick would insert for the plan at the database 
 runner derives every job's range with (SPEC §5), so the preview and the job agree by
 construction. Roots and children in the range are exact counts on the source (the replica when
 ``ORBIT_ARCHIVE_SOURCE_URL`` is set, like the batches; a job's manifest counts on the primary).
-Bytes and files are estimated from a sample (docs/cli.md "orbit plan preview"): up to
-``SAMPLE_ROOTS`` roots read at ``SAMPLE_POINTS`` evenly spaced settled times of the range,
-encoded into lines by the runner's own encoder and packed into batch files by its own builder
-and cap rule; the sample's bytes per root and roots per file are extrapolated to the range.
+Bytes and files are estimated from a sample (docs/cli.md "orbit plan preview";
+:mod:`~orbit_tasks.archive.engine.budget`, the same measure a job cuts its range with).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from orbit_tasks.archive import claims
 from orbit_tasks.archive import controls as control_rules
 from orbit_tasks.archive import plans as plan_rules
 from orbit_tasks.archive.controls import Control, ControlKind, WaitReason
 from orbit_tasks.archive.engine import gate
-from orbit_tasks.archive.engine.readahead import batch_builder, encode_chunk
-from orbit_tasks.archive.engine.runner import manifest_bytes
-from orbit_tasks.archive.format.lines import Key
+from orbit_tasks.archive.engine.budget import Estimate, estimate
 from orbit_tasks.archive.jobs import Job, JobFailure
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import jobs as job_store
@@ -40,25 +34,12 @@ BACKLOG_FIELDS = (
     "backlog_roots", "backlog_bytes", "backlog_jobs", "rate_roots_per_second",
     "backlog_eta_seconds",
 )  # fmt: skip
-SAMPLE_POINTS = 8  # evenly spaced settled times of the range
-SAMPLE_ROOTS = 128  # at most, in total (>= the largest batch size, 100)
 #: Sorts after every real job id: a job created now follows every job created before it.
 PREVIEW_JOB_ID = b"\xff" * 16
 _NEW_JOB = dict(
     revision=1, attempts=0, batches=0, roots=0, bytes=0, last_sha256="", error_code="",
     lease_id=None, lease_until=None,
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Bytes and files of the job, extrapolated from the sample."""
-
-    sample_roots: int
-    bytes: int  # manifest + batch files
-    files: int  # manifest + batch files
-    bytes_per_root: float
-    roots_per_file: float
 
 
 @dataclass(frozen=True)
@@ -255,52 +236,3 @@ def preview(
 def prospective_job(plan: plan_store.Plan, now: datetime) -> Job:
     """The PENDING job a tick would create for ``plan`` at ``now`` (never written)."""
     return Job.from_row({**plan_store.new_job_row(plan, PREVIEW_JOB_ID, now), **_NEW_JOB})
-
-
-def estimate(conn: Connection, job: Job, rng: ArchiveRange, roots: int) -> Estimate:
-    """Bytes and files of ``job`` over ``rng`` (``roots`` roots) from a sample of its roots,
-    encoded and packed exactly as the runner would."""
-    manifest = len(manifest_bytes(job, rng, roots))
-    lines = _sample_lines(conn, job, rng)
-    if roots == 0 or not lines:
-        return Estimate(len(lines), manifest, 1, 0.0, 0.0)
-    cap = claims.file_cap(job.max_bytes)
-    sample_bytes = 0
-    per_file: list[int] = []  # roots of each sample file that had a whole batch to take
-    pending, seq = lines, 1
-    while pending:
-        take = min(job.batch_size, len(pending))
-        build = batch_builder(job, seq, "0" * 64, pending[:take])
-        data, packed, _final = claims.fit_to_cap(build, take, False, cap)
-        sample_bytes += len(data)
-        if take == job.batch_size or packed < take:  # a whole batch, or cut by the cap
-            per_file.append(packed)
-        pending, seq = pending[packed:], seq + 1
-    per_root = sample_bytes / len(lines)
-    roots_per_file = sum(per_file) / len(per_file) if per_file else float(job.batch_size)
-    files = math.ceil(roots / roots_per_file)
-    return Estimate(
-        len(lines), manifest + math.ceil(per_root * roots), 1 + files, per_root, roots_per_file
-    )
-
-
-def _sample_lines(conn: Connection, job: Job, rng: ArchiveRange) -> list[tuple[Key, bytes]]:
-    """Up to ``SAMPLE_ROOTS`` encoded roots: ``SAMPLE_ROOTS / SAMPLE_POINTS`` roots from each of
-    ``SAMPLE_POINTS`` evenly spaced settled times of the range's first to last root, in key
-    order, each root once."""
-    span = source.settled_span(conn, job.kind, job.namespace_id, rng)
-    if span is None:
-        return []
-    first, last = span
-    step = (last - first) / SAMPLE_POINTS
-    per_point = SAMPLE_ROOTS // SAMPLE_POINTS
-    encoder = source.line_encoder(job.kind)
-    seen: dict[Key, bytes] = {}
-    for k in range(SAMPLE_POINTS):
-        at = first + step * k
-        # the cursor (at - 1 us, no id beyond it) starts at the first root settled at `at`
-        cursor = (at - timedelta(microseconds=1), PREVIEW_JOB_ID)
-        chunk = source.read_chunk(conn, job.kind, job.namespace_id, rng, cursor, per_point)
-        for key, line in encode_chunk(encoder, chunk, None):
-            seen.setdefault(key, line)
-    return sorted(seen.items())

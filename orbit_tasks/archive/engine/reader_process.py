@@ -9,21 +9,24 @@ the runner over a pipe. The runner writes and confirms them exactly as before: t
 writes nothing, not to the database (its connection only reads) nor to a volume.
 
 Protocol (both ends are this module; the pipe is private to the two processes): the runner
-pickles one request ``(url, bounds, job, range, cursor, cap, check_url)`` to the process's stdin
--- the URLs with their passwords travel only there, never in argv or the environment;
-``check_url`` is the primary's when ``url`` is its replica -- and the process pickles, in order,
-one ``("batch", PreparedBatch)`` per file and then ``("end",)``, or ``("failure", code)`` for a
-job failure (SOURCE_INVALID, ...), ``("diverged", detail)`` for a chunk of the replica that
-differs from the primary's, or ``("transient", detail)`` for any other fault. A process that
-dies (killed, out of memory) ends its stream without an end: :class:`ReaderLost`, a transient
-fault like a dropped database connection -- the claim stops and its lease expires, never a job
-failure.
+pickles one request ``(url, bounds, job, range, cursor, cap, check_url)`` at a time to the
+process's stdin -- the URLs with their passwords travel only there, never in argv or the
+environment; ``check_url`` is the primary's when ``url`` is its replica -- and the process
+pickles, in order, one ``("batch", PreparedBatch)`` per file and then ``("end",)``, or
+``("failure", code)`` for a job failure (SOURCE_INVALID, ...), ``("diverged", detail)`` for a
+chunk of the replica that differs from the primary's, or ``("transient", detail)`` for any other
+fault. A process that dies (killed, out of memory) ends its stream without an end:
+:class:`ReaderLost`, a transient fault like a dropped database connection -- the claim stops and
+its lease expires, never a job failure.
 
 One warm spare is kept per runner process so a claim chain does not wait for an interpreter to
 start (started when the previous chain ends: an interpreter's start-up beside a running chain
-took a core from it); each process serves one chain and is killed when the chain stops early
-(the slice ends with prepared files unused). A process dies with the runner that started it
-(``PR_SET_PDEATHSIG``), so a killed worker leaves no reader behind.
+took a core from it). A process serves one chain at a time; a chain that took its final batch
+(the stream then ends with ``end``) or a ``failure`` hands its process back as the spare, which
+serves the next chain's request (issue 25: a catch-up runs one short chain per job, and an
+interpreter's start-up per chain cost a core's worth of it). A chain that stops early (the slice
+ends with prepared files unused) or loses its reader kills the process. A process dies with the
+runner that started it (``PR_SET_PDEATHSIG``), so a killed worker leaves no reader behind.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class ProcessReadAhead:
         )
         self._items: Handover[tuple[Any, ...]] = Handover(DEPTH, lambda item: item[0] == "batch")
         self._done = False  # the stream ended (end, failure or fault): the process is finished
+        self._final_seen = False  # the chain took the final batch: only ``end`` follows it
+        self._last = ""  # the kind of the last item read from the stream
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -96,7 +101,7 @@ class ProcessReadAhead:
         assert self._proc.stdin is not None and self._proc.stdout is not None
         try:
             pickle.dump(self._request, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            self._proc.stdin.close()
+            self._proc.stdin.flush()
         except OSError:  # the spare died before its request: its stream ends at once
             pass
         self._thread = threading.Thread(
@@ -117,12 +122,14 @@ class ProcessReadAhead:
         if item is NOT_READY:
             return NOT_READY
         batch: PreparedBatch = item[1]
+        self._final_seen = batch.final
         return batch
 
     def _open(self, item: tuple[Any, ...]) -> PreparedBatch | None:
         kind = item[0]
         if kind == "batch":
             batch: PreparedBatch = item[1]
+            self._final_seen = batch.final
             return batch
         self._done = True
         if kind == "end":
@@ -136,15 +143,25 @@ class ProcessReadAhead:
     def close(self) -> None:
         self._stop.set()
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()  # stopped early, or finished: it holds nothing worth waiting for
+        at_end = self._done or self._final_seen  # nothing but ``end`` is left in the stream
+        if proc is not None and not at_end and proc.poll() is None:
+            proc.kill()  # stopped early: it holds prepared files nobody will use
         drain(self._items.queue)  # unblock the receiving thread's put()
         if self._thread is not None:
             self._thread.join(10)
+        reuse = (
+            at_end
+            and proc is not None
+            and proc.poll() is None
+            and self._thread is not None
+            and not self._thread.is_alive()
+            and self._last in ("end", "failure")  # the stream is read to a request's end
+        )
+        if proc is not None and reuse:
+            _give_back(proc)  # its stream is read to the end: it serves the next chain
+            return
         if proc is not None:
-            if proc.stdout is not None:
-                proc.stdout.close()
-            proc.wait(10)
+            _stop(proc)
         _start_spare()  # for the next chain: started now, not beside this one (it takes a core)
 
     def _receive(self, stream: IO[bytes]) -> None:
@@ -156,6 +173,7 @@ class ProcessReadAhead:
             except Exception as exc:  # noqa: BLE001 - EOF, a torn pickle: the process died
                 code = self._proc.poll() if self._proc is not None else None
                 item = ("lost", f"reader process ended ({type(exc).__name__}, exit {code})")
+            self._last = item[0]
             if not put_until(self._items.queue, item, self._stop) or item[0] != "batch":
                 return
 
@@ -173,6 +191,25 @@ def _spawn() -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         close_fds=True,
     )
+
+
+def _give_back(proc: subprocess.Popen[bytes]) -> None:
+    """A process whose chain read its stream to the end becomes the spare again (one spare: a
+    surplus one is stopped)."""
+    global _spare, _spare_pid
+    if _spare is not None and _spare_pid == os.getpid() and _spare.poll() is None:
+        _stop(proc)
+        return
+    _spare, _spare_pid = proc, os.getpid()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+    proc.wait(10)
 
 
 def _start_spare() -> None:
@@ -197,9 +234,8 @@ def warm(settings: Settings) -> None:
 def discard_spare() -> None:
     """Stop this process's spare (its environment is stale: tests that change failpoints)."""
     global _spare
-    if _spare is not None and _spare_pid == os.getpid() and _spare.poll() is None:
-        _spare.kill()
-        _spare.wait(10)
+    if _spare is not None and _spare_pid == os.getpid():
+        _stop(_spare)
     _spare = None
 
 
@@ -227,41 +263,65 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    """Serve requests one after the other until the runner closes the pipe (or a fault: the
+    runner then stops this process). One engine per database, kept across requests."""
+    engines: dict[tuple[str, Any], Engine] = {}
     try:
-        url, bounds, job, rng, cursor, cap, check_url = pickle.load(stdin)
-    except EOFError:  # a spare never used: its runner exited
-        return
+        while True:
+            try:
+                url, bounds, job, rng, cursor, cap, check_url = pickle.load(stdin)
+            except EOFError:  # the runner exited (or never used this spare)
+                return
+            for u in (url, check_url):
+                if u is not None and (u, repr(bounds)) not in engines:
+                    engines[(u, repr(bounds))] = make_engine(u, bounds=bounds)
+            engine = engines[(url, repr(bounds))]
+            check = None if check_url is None else engines[(check_url, repr(bounds))]
+            if not _serve_one(engine, check, stdout, job, rng, cursor, cap):
+                return
+    finally:
+        for each in engines.values():
+            each.dispose()
+
+
+def _serve_one(
+    engine: Engine,
+    check: Engine | None,
+    stdout: IO[bytes],
+    job: Job,
+    rng: ArchiveRange,
+    cursor: source.Cursor | None,
+    cap: int,
+) -> bool:
+    """One chain's stream; False when this process should stop (a fault, the runner gone)."""
 
     def send(*item: Any) -> None:
         pickle.dump(item, stdout, protocol=pickle.HIGHEST_PROTOCOL)
         stdout.flush()
 
-    engine = make_engine(url, bounds=bounds)
-    check = None if check_url is None else make_engine(check_url, bounds=bounds)
     try:
         with ReadAhead(engine, job, rng, cursor, cap, check) as ahead:
             while True:
                 batch = ahead.next()
                 if batch is None:
                     send("end")
-                    return
+                    return True
                 send("batch", batch)
                 if batch.final:
                     send("end")
-                    return
+                    return True
     except JobFailure as failure:
         send("failure", failure.code.value)
+        return True
     except ReplicaDiverged as diverged:
         send("diverged", str(diverged))
+        return False
     except BrokenPipeError:
-        return  # the runner stopped reading
+        return False  # the runner stopped reading
     except Exception as exc:  # noqa: BLE001 - any other fault is transient for the runner
         log_action(log, "archive.reader.fault", logging.WARNING, error=type(exc).__name__)
         send("transient", type(exc).__name__)
-    finally:
-        engine.dispose()
-        if check is not None:
-            check.dispose()
+        return False
 
 
 def open_read_ahead(

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine
@@ -39,6 +39,7 @@ from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.controls import REPLICA_BEAT, REPLICA_ERRANT, WaitReason
 from orbit_tasks.archive.engine import claim_marks, gate, leftovers, verify
+from orbit_tasks.archive.engine.budget import fit_range, manifest_bytes
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch
@@ -46,7 +47,6 @@ from orbit_tasks.archive.engine.reader_process import open_read_ahead
 from orbit_tasks.archive.engine.storage import JobFiles, Place, Storage, open_storage
 from orbit_tasks.archive.engine.storage import parse_volumes as parse_volumes
 from orbit_tasks.archive.engine.volume import ArchiveIOError, DiskFull, StoredFile
-from orbit_tasks.archive.format import manifest as fm
 from orbit_tasks.archive.format import names as file_names
 from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
@@ -70,7 +70,6 @@ from orbit_tasks.db.registry import source_engine as registry_source_engine
 from orbit_tasks.errors import InvalidInput, LeaseLost, ReaderLost, ReplicaDiverged
 from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
-from orbit_tasks.platform.history import history_kind
 from orbit_tasks.settings import Settings
 
 log = logging.getLogger("orbit.archive.engine.runner")
@@ -116,6 +115,9 @@ class _Chain:
     gate: Gate | None = None  # the controls of the chain (None: off, the bench's baseline)
     stopped: WaitReason | None = None  # why the chain released at a batch boundary
     rng: ArchiveRange | None = None  # derived once per chain
+    recorded: store.RecordedEnd | None = None  # the range's recorded end (None: not yet)
+    policy_until: datetime | None = None  # the end the job's policy gives (before any cut)
+    next_job: bytes | None = None  # the catch-up job finalize created (SPEC §5)
     cursor: source.Cursor | None = None  # (settled, id) of the tail's last root
     tail_final: bool = False  # the confirmed tail says nothing follows
     identity_stamp: object = None  # the verified identity's stamp (a stat, an ETag)
@@ -289,15 +291,23 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
         job = ch.claim.job
         log_action(log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id)
         _publish_continuation(ch, publish)
+    if outcome is Outcome.SUCCEEDED and ch.next_job is not None:
+        _publish_continuation(ch, publish, ch.next_job)  # the catch-up's next job
     return outcome
 
 
-def _publish_continuation(ch: _Chain, publish: Publisher | None) -> None:
+def _publish_continuation(
+    ch: _Chain, publish: Publisher | None, job_id: bytes | None = None
+) -> None:
+    """The wake-up of the chain's job (a continuation), or of ``job_id``: the catch-up job of
+    the same plan, which a tick created with the plan's storage (the wake-up names the job's
+    own storage: a plan moved to another storage sends it there, and the tick's sweep finds
+    it anyway)."""
     job = ch.claim.job
     if publish is None:
         publish = publish_wakeup
     try:
-        publish(job.storage_id, job.namespace_id, job.id, kind=job.kind)
+        publish(job.storage_id, job.namespace_id, job_id or job.id, kind=job.kind)
     except Exception as exc:  # broker down: the next tick's sweep finds the PENDING job
         log_action(
             log, "archive.job.wakeup_failed", logging.WARNING, job_id=job.id,
@@ -359,7 +369,9 @@ def _claims(ch: _Chain) -> Outcome:
     try:
         _check_volume(ch)  # step 1
         with ch.conn.begin():
-            ch.rng = store.job_range(ch.conn, ch.claim.job)  # once per chain (POLICY_MISSING)
+            # once per chain (POLICY_MISSING), with the policy's end and the recorded end
+            known = store.chain_range(ch.conn, ch.claim.job)
+            ch.rng, ch.policy_until, ch.recorded = known.range, known.policy_until, known.recorded
         _verify_prefix(ch)  # step 2
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
             data, total = _primary_manifest(ch)
@@ -488,7 +500,7 @@ def _check_volume(ch: _Chain) -> None:
 def _expectation(ch: _Chain, c: store.Claim | None = None) -> ChainExpectation:
     assert ch.rng is not None
     expect = claim_rules.chain_expectation((c or ch.claim).job, complete=False)
-    return replace(expect, range=(ch.rng.from_, ch.rng.until))
+    return claim_rules.with_range(expect, ch.rng)
 
 
 def _verify_prefix(ch: _Chain) -> None:
@@ -527,36 +539,39 @@ def _carry_tail(ch: _Chain, report: VerifyReport) -> None:
 
 
 def _primary_manifest(ch: _Chain) -> tuple[bytes, int]:
-    """The manifest, its roots counted on the primary (the chain's own connection) even when the
-    batches are read from a replica: the count the job promises is the primary's (issue 24)."""
+    """The manifest, its range fitted to the budget and recorded first (SPEC §5 budget-sized
+    ranges; a range recorded by an earlier claim is kept), its roots counted on the primary (the
+    chain's own connection) even when the batches are read from a replica: the count the job
+    promises is the primary's (issue 24)."""
     assert ch.rng is not None
-    return manifest_file(ch.conn, ch.claim.job, ch.rng)
+    conn = ch.conn
+    job = ch.claim.job
+    if ch.recorded is not None:
+        return manifest_file(conn, job, ch.rng)
+    with conn.begin():
+        fitted = fit_range(conn, job, ch.rng)
+    assert ch.policy_until is not None
+    recorded = store.RecordedEnd(
+        fitted.range.end, ch.policy_until, fitted.roots_total, fitted.sample_roots,
+        fitted.sample_bytes,
+    )  # fmt: skip
+    store.record_end(ch.conn, ch.claim, recorded, clock=ch.clock)
+    ch.rng, ch.recorded = fitted.range, recorded
+    if recorded.cut:
+        log_action(
+            log, "archive.job.range_cut", namespace_id=job.namespace_id, job_id=job.id,
+            roots_total=fitted.roots_total, sample_roots=fitted.sample_roots,
+            sample_bytes=fitted.sample_bytes, max_bytes=job.max_bytes,
+        )  # fmt: skip
+    return manifest_bytes(job, fitted.range, fitted.roots_total), fitted.roots_total
 
 
 def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
     """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total`` (counted on
-    ``conn``)."""
+    ``conn``: the primary's connection) over ``rng`` as it is."""
     with conn.begin():
         total = source.count_roots(conn, job.kind, job.namespace_id, rng)
     return manifest_bytes(job, rng, total), total
-
-
-def manifest_bytes(job: Job, rng: ArchiveRange, roots_total: int) -> bytes:
-    """The manifest of ``job`` for its range and ``roots_total``."""
-    return fm.build_manifest(
-        namespace_id=job.namespace_id,
-        job_id=job.id,
-        kind=job.kind,
-        plan_revision=job.plan_revision,
-        policy_revision=job.policy_revision,
-        storage_id=job.storage_id,
-        batch_size=job.batch_size,
-        range_from=rng.from_,
-        range_until=rng.until,
-        roots_total=roots_total,
-        source=fm.source_descriptor(history_kind(job.kind)),
-        created_at=job.created_at,
-    )
 
 
 def _admit(ch: _Chain, f: _File, bytes_before: int) -> ErrorCode | None:
@@ -716,11 +731,18 @@ def _finish(ch: _Chain) -> Outcome:
     if claim_rules.source_changed(job.roots, report.roots_total, job.batches, report.final):
         raise JobFailure(ErrorCode.SOURCE_CHANGED)
     failpoints.hit("archive.before_finalize")
-    store.finalize(ch.conn, c, clock=ch.clock)
+    catch_up = ch.recorded is not None and ch.recorded.cut
+    ch.next_job = store.finalize(ch.conn, c, clock=ch.clock, catch_up=catch_up)
     log_action(
         log, "archive.job.succeeded", namespace_id=job.namespace_id, job_id=job.id,
         attempts=job.attempts, batches=job.batches, roots=job.roots, bytes=job.bytes,
+        cut=catch_up,
     )  # fmt: skip
+    if ch.next_job is not None:
+        log_action(
+            log, "archive.plan.catch_up", namespace_id=job.namespace_id, kind=job.kind,
+            after_job_id=job.id, job_id=ch.next_job,
+        )  # fmt: skip
     return Outcome.SUCCEEDED
 
 

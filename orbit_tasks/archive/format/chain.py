@@ -28,9 +28,9 @@ from typing import Any
 
 from orbit_tasks.archive.format.batch import batch_cursor, batch_header, decode_batch
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
-from orbit_tasks.archive.format.manifest import decode_manifest
+from orbit_tasks.archive.format.manifest import decode_manifest, range_doc, range_keys
 from orbit_tasks.archive.format.names import ParsedName, parse_name, tail_name
-from orbit_tasks.archive.format.values import FormatError, format_ts, sha256_hex
+from orbit_tasks.archive.format.values import FormatError, sha256_hex
 
 
 class _Bad(Exception):
@@ -117,7 +117,7 @@ def _check_manifest(name: str, data: bytes, expect: ChainExpectation) -> dict[st
             raise _Bad(name, f"manifest {key} differs from the job row")
     if expect.range is not None:
         lo, hi = expect.range
-        if doc["range"] != {"from": None if lo is None else format_ts(lo), "until": format_ts(hi)}:
+        if doc["range"] != range_doc(lo, hi, *expect.range_ids):
             raise _Bad(name, "manifest range differs from the range derived from the database")
     return doc
 
@@ -146,8 +146,8 @@ def _check_batch(
     first, last = tuple(h["first"]), tuple(h["last"])
     if st.last_key is not None and first <= st.last_key:
         raise _Bad(name, "batch keys overlap or precede the previous batch")
-    lo, hi = man["range"]["from"], man["range"]["until"]
-    if (lo is not None and first[0] < lo) or last[0] >= hi:
+    lo, hi = range_keys(man)
+    if (lo is not None and first < lo) or last >= hi:
         raise _Bad(name, "batch holds a root outside the job range")
     if h["final"] and seq < expect.batches:
         raise _Bad(name, "final batch is not the last confirmed batch")

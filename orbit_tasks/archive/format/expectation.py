@@ -17,7 +17,9 @@ from typing import Any
 @dataclass(frozen=True)
 class ChainExpectation:
     """What the job row says (the chain is checked against it). ``complete`` = job SUCCEEDED.
-    ``range`` = (from, until) recomputed from the database, or ``None`` to not compare it."""
+    ``range`` = (from, until) recomputed from the database, or ``None`` to not compare it;
+    ``range_ids`` = the root ids of its key bounds (SPEC §5 budget-sized ranges), None for a
+    plain settled time."""
 
     namespace_id: bytes
     job_id: bytes
@@ -32,6 +34,7 @@ class ChainExpectation:
     last_sha256: str
     complete: bool = False
     range: tuple[datetime | None, datetime] | None = None
+    range_ids: tuple[builtins.bytes | None, builtins.bytes | None] = (None, None)
 
     @classmethod
     def from_job_row(

@@ -35,6 +35,8 @@ MANIFEST_KEYS = frozenset((
     "batch_size", "range", "roots_total", "source", "created_at",
 ))
 # fmt: on
+RANGE_KEYS = frozenset(("from", "until"))
+KEYED_RANGE_KEYS = RANGE_KEYS | {"from_id", "until_id"}  # bounds that are keys (settled, id)
 
 
 def source_descriptor(kind: HistoryKind) -> dict[str, Any]:
@@ -66,6 +68,8 @@ def build_manifest(
     roots_total: int,
     source: Mapping[str, Any],
     created_at: datetime,
+    range_from_id: bytes | None = None,
+    range_until_id: bytes | None = None,
 ) -> bytes:
     """The ``orbit-archive/2`` manifest bytes (canonical JSON); ``source`` as built by
     :func:`source_descriptor`. Raises ``ValueError`` on malformed arguments."""
@@ -78,10 +82,7 @@ def build_manifest(
         "policy_revision": int_at_least(policy_revision, "policy_revision", 1),
         "storage_id": hex_id(storage_id, "storage_id"),
         "batch_size": int_at_least(batch_size, "batch_size", 1),
-        "range": {
-            "from": None if range_from is None else format_ts(range_from),
-            "until": format_ts(range_until),
-        },
+        "range": range_doc(range_from, range_until, range_from_id, range_until_id),
         "roots_total": int_at_least(roots_total, "roots_total", 0),
         "source": dict(source),
         "created_at": format_ts(created_at),
@@ -92,6 +93,36 @@ def build_manifest(
     except FormatError as exc:
         raise ValueError(f"manifest arguments are invalid: {exc}") from None
     return data
+
+
+def range_doc(
+    range_from: datetime | None,
+    range_until: datetime,
+    from_id: bytes | None = None,
+    until_id: bytes | None = None,
+) -> dict[str, Any]:
+    """The manifest's ``range``: ``from`` and ``until`` settled times, and for a bound that is a
+    key (settled, id) (SPEC §5 budget-sized ranges) its root id as ``from_id`` / ``until_id``;
+    a range of plain times has exactly the two keys of every earlier manifest."""
+    doc: dict[str, Any] = {
+        "from": None if range_from is None else format_ts(range_from),
+        "until": format_ts(range_until),
+    }
+    if from_id is not None:
+        if range_from is None:
+            raise ValueError("range from_id needs a range from")
+        doc["from_id"] = hex_id(from_id, "range from_id")
+    if until_id is not None:
+        doc["until_id"] = hex_id(until_id, "range until_id")
+    return doc
+
+
+def range_keys(doc: Mapping[str, Any]) -> tuple[tuple[str, str] | None, tuple[str, str]]:
+    """A decoded manifest's range as keys comparable with batch header keys ``[settled, id]``
+    (strings; a plain time bound has the id ``""``, which sorts before every id)."""
+    rng = doc["range"]
+    lo = None if rng["from"] is None else (rng["from"], rng.get("from_id", ""))
+    return lo, (rng["until"], rng.get("until_id", ""))
 
 
 def decode_manifest(data: bytes) -> dict[str, Any]:
@@ -108,9 +139,13 @@ def decode_manifest(data: bytes) -> dict[str, Any]:
         need(is_int(doc[key], 1), f"manifest {key} bad")
     need(is_int(doc["roots_total"]), "manifest roots_total bad")
     rng = doc["range"]
-    need(isinstance(rng, dict) and set(rng) == {"from", "until"}, "manifest range bad")
+    need(isinstance(rng, dict) and RANGE_KEYS <= set(rng) <= KEYED_RANGE_KEYS, "manifest range bad")
     need(rng["from"] is None or is_ts(rng["from"]), "manifest range.from bad")
     need(is_ts(rng["until"]), "manifest range.until bad")
+    for key in ("from_id", "until_id"):
+        if key in rng:
+            need(isinstance(rng[key], str) and bool(HEX32.match(rng[key])), f"range.{key} bad")
+    need("from_id" not in rng or rng["from"] is not None, "manifest range.from_id without from")
     need(is_ts(doc["created_at"]), "manifest created_at bad")
     src = doc["source"]
     if doc["format"] == FORMAT_2:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,9 @@ class Window:
         """Whether a job's range holds any settled time inside the window."""
         if rng.empty:
             return False
-        after_start = self.from_ is None or rng.until > self.from_
+        # a key end (until, id) holds roots settled at ``until`` itself
+        last = rng.until + timedelta(microseconds=1) if rng.until_id is not None else rng.until
+        after_start = self.from_ is None or last > self.from_
         before_end = self.until is None or rng.from_ is None or rng.from_ < self.until
         return after_start and before_end
 
@@ -181,7 +183,7 @@ def open_job(platform: Engine, job: Job, place: Path | JobFiles) -> JobArchive:
             rng = None  # policy row gone: verify without the range check, as `job verify`
     expect = claims.chain_expectation(job, complete=True)
     if rng is not None:
-        expect = replace(expect, range=(rng.from_, rng.until))
+        expect = claims.with_range(expect, rng)
     directory = job_files(place)
     report = verify_job_dir(directory, expect)
     if not report.ok:

@@ -34,12 +34,14 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
 
 from orbit_tasks import failpoints
+from orbit_tasks.archive import plans as plan_rules
 from orbit_tasks.archive.format.chain import ChainProgress
 from orbit_tasks.archive.jobs import (
     ErrorCode,
@@ -52,14 +54,24 @@ from orbit_tasks.archive.jobs import (
     claimable,
     is_takeover,
 )
-from orbit_tasks.archive.ranges import ArchiveRange, EarlierSuccess, RangeInputs, derive_range
+from orbit_tasks.archive.ranges import (
+    ArchiveRange,
+    Bound,
+    EarlierSuccess,
+    RangeInputs,
+    cut_short,
+    derive_range,
+    range_until,
+)
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.store.controls import GENERATION_SQL, NO_GENERATION, NO_GENERATION_SQL
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.engine import atomic as atomic_transaction
+from orbit_tasks.db.platform_tables import archive_job_ends as E
 from orbit_tasks.db.platform_tables import archive_jobs as J
 from orbit_tasks.db.platform_tables import archive_plans, archive_policies, job_checks
 from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
-from orbit_tasks.ids import random_id
+from orbit_tasks.ids import new_id, random_id
 from orbit_tasks.platform.store import insert_audit
 
 After = Literal["keep", "chain", "release"]
@@ -387,33 +399,138 @@ def expire_lost_lease(
         return get_job(conn, ns_id, job_id)
 
 
-def _clear_plan(conn: Connection, job: Job) -> None:
-    conn.execute(
+def _clear_plan(conn: Connection, job: Job, next_job: bytes | None = None) -> int:
+    """The plan's ``active_job_id`` from ``job`` to ``next_job`` (None: cleared), only if it
+    still points at ``job``; returns the rows changed."""
+    result = conn.execute(
         update(archive_plans)
         .where(
             archive_plans.c.namespace_id == job.namespace_id,
             archive_plans.c.kind == job.kind,
             archive_plans.c.active_job_id == job.id,
         )
-        .values(active_job_id=None)
+        .values(active_job_id=next_job)
     )
+    return int(result.rowcount)
 
 
-def finalize(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
+def finalize(
+    bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK, catch_up: bool = False
+) -> bytes | None:
     """SUCCEEDED with the lease cleared and the plan's ``active_job_id`` cleared (if it still
     points at this job), in one transaction, fenced by the claim and the confirmed chain.
 
-    The one write of a claim with two statements: between them and the ``COMMIT`` it holds the
-    job and plan rows (failpoint ``archive.finalize.before_commit``). A holder that goes silent
-    there is rolled back by the server's idle-transaction bound (db/session_bounds.py)."""
+    ``catch_up``: the job's range was cut to its budget (SPEC §5 catch-up): in the same
+    transaction the plan's next job is created, as a due tick would create it now
+    (:func:`next_job`), and the plan's ``active_job_id`` points at it; its id is returned (None:
+    no job, the plan's active job cleared). ``next_run_at`` is never touched: the plan's phase
+    stays where its interval put it.
+
+    The one write of a claim with more than one statement: between them and the ``COMMIT`` it
+    holds the job and plan rows (failpoint ``archive.finalize.before_commit``). A holder that
+    goes silent there is rolled back by the server's idle-transaction bound
+    (db/session_bounds.py)."""
     with _transaction(bind, atomic=True) as conn:
         _fenced_update(
             conn, c, clock, "finalize", on_chain=True,
             state=JobState.SUCCEEDED.value, lease_id=None, lease_until=None,
         )  # fmt: skip
-        _clear_plan(conn, c.job)
+        created = next_job(conn, c.job, clock) if catch_up else None
+        if created is None:
+            _clear_plan(conn, c.job)
         conn.execute(delete(job_checks).where(_checks_key(c.job)))
         failpoints.hit("archive.finalize.before_commit")
+    return created
+
+
+def next_job(conn: Connection, job: Job, clock: Clock) -> bytes | None:
+    """The catch-up job after ``job`` (SPEC §5): when the plan still points at ``job`` and a
+    due tick would create a job now (enabled, namespace active, policy confirmed: the tick's own
+    :func:`~orbit_tasks.archive.plans.tick_action`), insert the PENDING job a tick inserts
+    (:func:`~orbit_tasks.archive.store.plans.new_job_row`) and point the plan at it. Else
+    None: the plan's interval (or the operator) takes it from there."""
+    plan_row = conn.execute(
+        select(archive_plans)
+        .where(archive_plans.c.namespace_id == job.namespace_id, archive_plans.c.kind == job.kind)
+        .with_for_update()
+    ).first()
+    if plan_row is None:
+        return None
+    plan = plan_store.plan_from_row(plan_row)
+    if plan.active_job_id != job.id:
+        return None
+    now = clock.now(conn)
+    states = plan_store.namespace_states_shared(conn, [job.namespace_id])
+    latest = plan_store.latest_policy_revisions(conn, [(job.namespace_id, job.kind)])
+    action = plan_rules.tick_action(
+        enabled=plan.enabled,
+        next_run_at=now,
+        now=now,
+        namespace_active=states.get(job.namespace_id) == "ACTIVE",
+        policy_revision=plan.policy_revision,
+        latest_policy_revision=latest.get((job.namespace_id, job.kind)),
+        active_job_id=None,
+    )
+    if action is not plan_rules.TickAction.CREATE_JOB:
+        return None
+    job_id = new_id()
+    conn.execute(insert(J), [plan_store.new_job_row(plan, job_id, now)])
+    if _clear_plan(conn, job, job_id) != 1:  # cannot happen under the row lock; no stray job
+        raise StaleRevision(f"plan {job.kind!r} changed under the catch-up of {job.id.hex()}")
+    return job_id
+
+
+# --- the recorded end of a range (SPEC §5 budget-sized ranges) ------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedEnd:
+    """A row of ``orbit_archive_job_ends``: the effective end of a job's range and why."""
+
+    end: Bound
+    policy_until: datetime
+    roots_total: int
+    sample_roots: int
+    sample_bytes: int
+
+    @property
+    def cut(self) -> bool:
+        return cut_short(self.end, self.policy_until)
+
+
+def recorded_end(conn: Connection, ns_id: bytes, job_id: bytes) -> RecordedEnd | None:
+    row = conn.execute(select(E).where(E.c.namespace_id == ns_id, E.c.job_id == job_id)).first()
+    if row is None:
+        return None
+    until_id = None if row.until_id is None else bytes(row.until_id)
+    return RecordedEnd(
+        (row.range_until, until_id), row.policy_until, int(row.roots_total),
+        int(row.sample_roots), int(row.sample_bytes),
+    )  # fmt: skip
+
+
+def record_end(bind: Bind, c: Claim, end: RecordedEnd, *, clock: Clock = DB_CLOCK) -> None:
+    """Record the job's effective end, fenced by the claim: one ``INSERT ... SELECT`` that
+    finds the job row only while this claim holds it (``lease_id``, RUNNING, no manifest yet).
+    Raises :class:`LeaseLost` when it matched no row. Written before the manifest that names
+    the end: a later claim of the job reads it and never cuts again."""
+    job = c.job
+    values = [
+        literal(job.namespace_id, E.c.namespace_id.type).label("namespace_id"),
+        literal(job.id, E.c.job_id.type).label("job_id"),
+        literal(end.end[0], E.c.range_until.type).label("range_until"),
+        literal(end.end[1], E.c.until_id.type).label("until_id"),
+        literal(end.policy_until, E.c.policy_until.type).label("policy_until"),
+        literal(end.roots_total, E.c.roots_total.type).label("roots_total"),
+        literal(end.sample_roots, E.c.sample_roots.type).label("sample_roots"),
+        literal(end.sample_bytes, E.c.sample_bytes.type).label("sample_bytes"),
+        clock.sql().label("recorded_at"),
+    ]
+    source_row = select(*values).where(*_fence(c), J.c.last_sha256 == "")
+    with _transaction(bind) as conn:
+        result = conn.execute(insert(E).from_select([v.name for v in values], source_row))
+        if result.rowcount != 1:
+            raise LeaseLost(f"job {job.id.hex()}: recording its end rejected, lease lost")
 
 
 # --- the final step's progress (issue 24 item 4) --------------------------------------------------
@@ -651,16 +768,82 @@ def range_at(
     job_id: bytes,
 ) -> ArchiveRange:
     """:func:`job_range` of a job with these fields, whether it exists or not (``orbit plan
-    preview``: the job a tick would create now)."""
+    preview``: the job a tick would create now). A job's own recorded end replaces its policy's
+    ``until``; the earlier successes count with their recorded end, or (jobs from before
+    revision p0006) with their policy's ``until``."""
+    inputs, _own = _range_inputs(conn, ns_id, kind, policy_revision, created_at, job_id)
+    return derive_range(inputs)
+
+
+@dataclass(frozen=True)
+class ChainRange:
+    """What a claim chain knows of its job's range: the range (with the recorded end, if any),
+    the end its policy gives, and the recorded end (None: not fixed yet)."""
+
+    range: ArchiveRange
+    policy_until: datetime
+    recorded: RecordedEnd | None
+
+
+def chain_range(conn: Connection, job: Job) -> ChainRange:
+    """:func:`job_range` with the policy's end and the recorded end, read by the same
+    statements (the runner, once per chain)."""
+    inputs, own = _range_inputs(
+        conn, job.namespace_id, job.kind, job.policy_revision, job.created_at, job.id
+    )
+    policy_until = range_until(inputs.created_at, inputs.archive_after_seconds)
+    return ChainRange(derive_range(inputs), policy_until, own)
+
+
+def _range_inputs(
+    conn: Connection,
+    ns_id: bytes,
+    kind: str,
+    policy_revision: int,
+    created_at: datetime,
+    job_id: bytes,
+) -> tuple[RangeInputs, RecordedEnd | None]:
     earlier = conn.execute(earlier_successes_before(ns_id, kind, created_at, job_id)).all()
     latest = {int(rev): created for rev, created in earlier}
     after = policy_seconds(conn, ns_id, kind, {policy_revision, *latest})
-    return derive_range(
-        RangeInputs(
-            created_at,
-            after[policy_revision],
-            tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
-        )
+    end_row = conn.execute(earlier_end_before(ns_id, kind, created_at, job_id)).first()
+    earlier_end = None if end_row is None else _bound(end_row[0], end_row[1])
+    own = recorded_end(conn, ns_id, job_id)
+    inputs = RangeInputs(
+        created_at,
+        after[policy_revision],
+        tuple(EarlierSuccess(created, after[rev]) for rev, created in latest.items()),
+        earlier_end,
+        None if own is None else own.end,
+    )
+    return inputs, own
+
+
+def _bound(at: datetime, root_id: bytes | None) -> Bound:
+    return at, None if root_id is None else bytes(root_id)
+
+
+def _earlier(ns_id: bytes, kind: str, created_at: datetime, job_id: bytes) -> list[Any]:
+    """The SUCCEEDED jobs of (namespace, kind) created before the job
+    (``created_at < :c OR (created_at = :c AND id < :id)``, ix_archive_job_list)."""
+    return [
+        J.c.namespace_id == ns_id,
+        J.c.kind == kind,
+        J.c.state == JobState.SUCCEEDED.value,
+        or_(J.c.created_at < created_at, and_(J.c.created_at == created_at, J.c.id < job_id)),
+    ]
+
+
+def earlier_end_before(ns_id: bytes, kind: str, created_at: datetime, job_id: bytes) -> Any:
+    """The greatest recorded end (range_until, until_id) among the earlier successes (a plain
+    time, NULL id, sorts before every key at that time: NULL is the smallest value)."""
+    on = and_(E.c.namespace_id == J.c.namespace_id, E.c.job_id == J.c.id)
+    return (
+        select(E.c.range_until, E.c.until_id)
+        .select_from(J.join(E, on))
+        .where(*_earlier(ns_id, kind, created_at, job_id))
+        .order_by(E.c.range_until.desc(), E.c.until_id.desc())
+        .limit(1)
     )
 
 
@@ -671,18 +854,12 @@ def earlier_successes_query(job: Job) -> Any:
 
 
 def earlier_successes_before(ns_id: bytes, kind: str, created_at: datetime, job_id: bytes) -> Any:
-    """:func:`earlier_successes_query` of a job with these fields."""
+    """:func:`earlier_successes_query` of a job with these fields: the earlier successes that
+    have no recorded end (their end is their policy's ``until``)."""
+    recorded = select(E.c.job_id).where(E.c.namespace_id == J.c.namespace_id, E.c.job_id == J.c.id)
     return (
         select(J.c.policy_revision, func.max(J.c.created_at))
-        .where(
-            J.c.namespace_id == ns_id,
-            J.c.kind == kind,
-            J.c.state == JobState.SUCCEEDED.value,
-            or_(
-                J.c.created_at < created_at,
-                and_(J.c.created_at == created_at, J.c.id < job_id),
-            ),
-        )
+        .where(*_earlier(ns_id, kind, created_at, job_id), ~recorded.exists())
         .group_by(J.c.policy_revision)
     )
 

@@ -102,7 +102,8 @@ class SetPlanResult:
     changed: bool  # False: same values as before, nothing written (no revision bump)
 
 
-def _plan(row: Any) -> Plan:
+def plan_from_row(row: Any) -> Plan:
+    """A plan row as read (``select(archive_plans)``)."""
     return Plan(
         namespace_id=bytes(row.namespace_id),
         kind=row.kind,
@@ -122,14 +123,14 @@ def _plan(row: Any) -> Plan:
 
 def get_plan(conn: Connection, ns_id: bytes, kind: str) -> Plan | None:
     row = conn.execute(select(archive_plans).where(P.namespace_id == ns_id, P.kind == kind)).first()
-    return None if row is None else _plan(row)
+    return None if row is None else plan_from_row(row)
 
 
 def list_plans(conn: Connection, ns_id: bytes | None = None) -> list[Plan]:
     query = select(archive_plans).order_by(P.namespace_id, P.kind)
     if ns_id is not None:
         query = query.where(P.namespace_id == ns_id)
-    return [_plan(r) for r in conn.execute(query).all()]
+    return [plan_from_row(r) for r in conn.execute(query).all()]
 
 
 def latest_policy_revision(conn: Connection, ns_id: bytes, kind: str) -> int | None:
@@ -383,7 +384,7 @@ def run_plan(
     ).first()
     if row is None:
         raise NotFound(f"namespace {ns_id.hex()} has no {kind!r} plan")
-    plan = _plan(row)
+    plan = plan_from_row(row)
     active_state = None
     if plan.active_job_id is not None:
         active_state = conn.execute(
@@ -517,7 +518,9 @@ def due_plans(
 ) -> list[Plan]:
     """Enabled plans of ``storage_id`` with ``next_run_at <= now``, oldest first, on index
     ``ix_archive_plan_due``; ``after`` = the last (next_run_at, namespace_id, kind) seen."""
-    return [_plan(r) for r in conn.execute(due_plans_query(storage_id, now, limit, after)).all()]
+    return [
+        plan_from_row(r) for r in conn.execute(due_plans_query(storage_id, now, limit, after)).all()
+    ]
 
 
 def namespace_states_query(ns_ids: Collection[bytes]) -> Select[Any]:

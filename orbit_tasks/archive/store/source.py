@@ -37,19 +37,61 @@ Cursor = tuple[datetime, bytes]  # (settled, id) of the last root read; the next
 
 
 def _range_cond(hk: HistoryKind, ns_id: bytes, rng: ArchiveRange) -> list[Any]:
-    cond = [hk.root.c.namespace_id == ns_id, hk.settled < rng.until]
+    """``from <= (settled, id) < until`` in the expanded form: a plain time bound is
+    ``settled >= :from`` / ``settled < :until``, a key bound (SPEC §5 budget-sized ranges)
+    ``settled > :t OR (settled = :t AND id >= :i)`` / ``settled < :t OR (settled = :t AND id <
+    :i)``, so the index range stays (namespace_id, settled)."""
+    settled, root_id = hk.settled, hk.root.c.id
+    cond = [hk.root.c.namespace_id == ns_id]
+    if rng.until_id is None:
+        cond.append(settled < rng.until)
+    else:
+        cond.append(or_(settled < rng.until, and_(settled == rng.until, root_id < rng.until_id)))
     if rng.from_ is not None:
-        cond.append(hk.settled >= rng.from_)
+        if rng.from_id is None:
+            cond.append(settled >= rng.from_)
+        else:
+            cond.append(
+                or_(settled > rng.from_, and_(settled == rng.from_, root_id >= rng.from_id))
+            )
     return cond
+
+
+def keys_from(
+    conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange, offset: int, limit: int
+) -> list[tuple[datetime, bytes]]:
+    """The keys (settled, id) of the range's roots number ``offset + 1`` to ``offset + limit``
+    in (settled, id) order: where a range is cut to its budget (SPEC §5). The index
+    (namespace_id, settled, id) is walked ``offset`` entries far, reading no row."""
+    if rng.empty:
+        return []
+    q = keys_query(kind, ns_id, rng, offset, limit)
+    return [(settled, bytes(root_id)) for settled, root_id in conn.execute(q).all()]
+
+
+def keys_query(kind: str, ns_id: bytes, rng: ArchiveRange, offset: int, limit: int) -> Any:
+    """The statement of :func:`keys_from`."""
+    hk = history_kind(kind)
+    return (
+        select(hk.settled, hk.root.c.id)
+        .where(*_range_cond(hk, ns_id, rng))
+        .order_by(hk.settled, hk.root.c.id)
+        .offset(offset)
+        .limit(limit)
+    )
 
 
 def count_roots(conn: Connection, kind: str, ns_id: bytes, rng: ArchiveRange) -> int:
     """``roots_total`` of the manifest: roots with ``from <= settled < until``."""
     if rng.empty:
         return 0
+    return int(conn.execute(count_query(kind, ns_id, rng)).scalar_one())
+
+
+def count_query(kind: str, ns_id: bytes, rng: ArchiveRange) -> Any:
+    """The statement of :func:`count_roots`."""
     hk = history_kind(kind)
-    q = select(func.count()).select_from(hk.root).where(*_range_cond(hk, ns_id, rng))
-    return int(conn.execute(q).scalar_one())
+    return select(func.count()).select_from(hk.root).where(*_range_cond(hk, ns_id, rng))
 
 
 def _columns(table: Table, server_times: bool) -> list[Any]:
