@@ -50,6 +50,7 @@ from tests.support.archive_jobs import (
     make_volume,
     wait_for,
 )
+from tests.support.cli import invoke_json, invoke_orbit, orbit_env
 from tests.support.db import mariadb_database
 
 KIND = "events"
@@ -186,6 +187,13 @@ def test_a_backlog_over_the_budget_is_archived_as_consecutive_jobs_that_fit(
     assert after == phase + timedelta(seconds=86400)  # the one tick's step; the catch-up none
     cut = [j for j in jobs[:-1]]
     assert all(j.bytes > 0.5 * MiB for j in cut), [j.bytes for j in cut]  # cut near the budget
+    # job show says a range was cut short, and why; the last job's range was not cut
+    env = orbit_env(any_platform_url)
+    shown = invoke_json(["job", "show", ns.hex(), jobs[0].id.hex()], env)["range"]
+    assert shown["cut"]["until"] == shown["until"] and "max_bytes 1048576" in shown["cut"]["reason"]
+    assert "cut" not in invoke_json(["job", "show", ns.hex(), jobs[-1].id.hex()], env)["range"]
+    text = invoke_orbit(["job", "show", ns.hex(), jobs[0].id.hex()], env).stdout
+    assert f"cut short at {shown['until']}" in text
 
 
 def test_a_burst_in_one_microsecond_is_split_between_jobs_by_keys(
