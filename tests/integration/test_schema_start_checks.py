@@ -56,7 +56,7 @@ def test_processes_refuse_to_start_on_missing_tables(empty_url: str, tmp_path: P
     volume.mkdir()
     env = orbit_env(empty_url, empty_url, ORBIT_VAR_DIR=str(tmp_path / "var"))
     platform = "platform database: table orbit_archive_control_generation is missing "
-    platform += "(and 23 more); run `orbit db upgrade`"
+    platform += "(and 24 more); run `orbit db upgrade`"
     business = "business database: table sender_holds is missing (and 4 more); "
     business += "run `orbit sender db upgrade`"
     cases = {
@@ -81,7 +81,7 @@ def test_celery_started_directly_refuses_too(empty_url: str, tmp_path: Path) -> 
         empty_url, empty_url, ORBIT_VAR_DIR=str(tmp_path / "var"), CELERY_BROKER_URL=REDIS_URL
     )
     platform = "error: platform database: table orbit_archive_control_generation is missing "
-    platform += "(and 23 more); run `orbit db upgrade`"
+    platform += "(and 24 more); run `orbit db upgrade`"
     business = "error: business database: table sender_holds is missing (and 4 more); "
     business += "run `orbit sender db upgrade`"
     celery = [str(REPO / ".venv/bin/python"), "-m", "celery", "-A", "orbit_tasks.celery_app"]
