@@ -495,7 +495,7 @@ class Relay:
         """Claim and send due rows until none are due, ``max_claims`` were claimed or the claim
         budget is spent; then finish the rows in flight. No HTTP exchange runs later than
         ``budget + 2 * timeout`` after the start (a row that would is released unsent), so a pass
-        ends on its own within the limits of orbit_tasks/sender/limits.py."""
+        ends on its own within the limits of orbit_tasks/sender_limits.py."""
         stats = PassStats()
         start = self.monotonic()
         claim_end = start + (DEFAULT_CLAIM_SECONDS if budget_seconds is None else budget_seconds)
