@@ -8,8 +8,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orbit_tasks.sender import store
 from orbit_tasks.sender.client import SendResult
+from orbit_tasks.sender.store.claims import Claimed
 
 
 @dataclass
@@ -37,7 +37,7 @@ class PassStats:
 
 @dataclass(frozen=True)
 class Owned:
-    row: store.Claimed
+    row: Claimed
     mono: float  # the monotonic seam, read just before the claim's database clock was read
 
 

@@ -29,9 +29,10 @@ from orbit_tasks import counters, failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
-from orbit_tasks.sender import holds, policy, store
+from orbit_tasks.sender import holds, policy
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
 from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassStats, Sent
+from orbit_tasks.sender.store import claims, deadlines, outcomes
 
 __all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
@@ -56,7 +57,7 @@ SendCount = tuple[str, float | None]
 STALE = "STALE"
 
 
-def _fields(row: store.Claimed) -> dict[str, Any]:
+def _fields(row: claims.Claimed) -> dict[str, Any]:
     return dict(
         namespace_id=row.namespace_id,
         operation_id=row.operation_id,
@@ -77,7 +78,7 @@ def _flush(entries: list[LogEntry], sends: list[SendCount] | None = None) -> Non
             counters.ACCEPT_LAG_SECONDS.observe(lag)
 
 
-def _lag(row: store.Claimed, now: dt.datetime) -> float:
+def _lag(row: claims.Claimed, now: dt.datetime) -> float:
     """Seconds from enqueue to ``now``: ``created_at`` is ``send_deadline_at - SEND_WINDOW``
     (fixed together at insert), so no extra column is read."""
     return max(0.0, (now - (row.send_deadline_at - policy.SEND_WINDOW)).total_seconds())
@@ -144,7 +145,7 @@ class Relay:
 
     def sweep(self) -> int:
         moved = self._transaction(
-            lambda conn, _b: store.sweep_deadlines(conn, self.clock.now(conn), SWEEP_LIMIT)
+            lambda conn, _b: deadlines.sweep_deadlines(conn, self.clock.now(conn), SWEEP_LIMIT)
         )
         if moved:
             log_action(logger, "sender.sweep.deadline_exceeded", rows=moved)
@@ -155,7 +156,7 @@ class Relay:
         latter re-read at most every QUEUE_SCAN_SECONDS)."""
         cached = self._ns_queues.get(identity.namespace_id)
         if cached is None or self.monotonic() - cached[0] >= QUEUE_SCAN_SECONDS:
-            found = store.namespace_queues(conn, identity.namespace_id)
+            found = claims.namespace_queues(conn, identity.namespace_id)
             cached = (self.monotonic(), frozenset(found))
             self._ns_queues[identity.namespace_id] = cached
         return sorted(identity.queue_ids | cached[1])
@@ -181,7 +182,7 @@ class Relay:
             return [], 0, 0
         start = self._queue_offset % len(queues)
         self._queue_offset += 1
-        claimed: list[store.Claimed] = []
+        claimed: list[claims.Claimed] = []
         seen = guarded = 0
         # Holds recorded by any sender process (sender_holds), and this process's own.
         held = holds.held_queues(conn, identity.namespace_id, now)
@@ -190,8 +191,8 @@ class Relay:
                 break
             if queue in held or self.held(identity.namespace_id, queue):
                 continue  # the platform asked this queue to wait: claim nothing of it
-            ready: list[store.Candidate] = []
-            for cand in store.due_candidates(
+            ready: list[claims.Candidate] = []
+            for cand in claims.due_candidates(
                 conn, identity.namespace_id, queue, now, limit - len(claimed)
             ):
                 seen += 1
@@ -200,7 +201,7 @@ class Relay:
                 )
                 if code is None:
                     ready.append(cand)
-                elif store.guard_to_review(conn, cand, code, now):
+                elif claims.guard_to_review(conn, cand, code, now):
                     guarded += 1
                     fields = dict(
                         namespace_id=cand.namespace_id,
@@ -210,11 +211,11 @@ class Relay:
                     )
                     log.append(("sender.row.review", logging.INFO, fields))
             if batched:
-                if not store.claim_many(conn, ready, now, self.lease_seconds):
+                if not claims.claim_many(conn, ready, now, self.lease_seconds):
                     raise BatchRaced()
             else:
-                ready = [c for c in ready if store.claim(conn, c, now, self.lease_seconds)]
-            claimed += [store.claimed_row(c, now, self.lease_seconds) for c in ready]
+                ready = [c for c in ready if claims.claim(conn, c, now, self.lease_seconds)]
+            claimed += [claims.claimed_row(c, now, self.lease_seconds) for c in ready]
         if claimed:
             failpoints.hit("sender.claim.before_commit")
         return [Owned(r, mono) for r in claimed], seen, guarded
@@ -370,7 +371,7 @@ class Relay:
         if outcome.kind == "accepted":
             assert outcome.task_id is not None and outcome.receipt_json is not None
             fields["task_id"] = outcome.task_id
-            written = store.write_accepted(conn, row, outcome.task_id, outcome.receipt_json, now)
+            written = outcomes.write_accepted(conn, row, outcome.task_id, outcome.receipt_json, now)
             return outcome.code, "accepted", written
         code = outcome.code
         if outcome.kind == "retry":
@@ -384,10 +385,10 @@ class Relay:
                 self.timeout_seconds,
             )
             if wake is not None:
-                return code, "retry", store.write_retry(conn, row, code, wake, now)
+                return code, "retry", outcomes.write_retry(conn, row, code, wake, now)
             assert final is not None
             code = final
-        return code, "review", store.write_review(conn, row, code, now)
+        return code, "review", outcomes.write_review(conn, row, code, now)
 
     def record(
         self,
@@ -406,7 +407,7 @@ class Relay:
         if sent.action == "error":
             return "error"  # nothing to write: the row is taken over after its lease
         if sent.action == "release":
-            if store.release(conn, row, now):
+            if outcomes.release(conn, row, now):
                 entry = {"reason": sent.reason, **fields}
                 log.append(("sender.row.released", logging.INFO, entry))
                 return "released"
@@ -414,7 +415,7 @@ class Relay:
         else:
             if sent.action == "review":
                 code, kind = sent.code, "review"
-                written = store.write_review(conn, row, code, now)
+                written = outcomes.write_review(conn, row, code, now)
             else:
                 code, kind, written = self._write_outcome(conn, sent, now, fields)
             if written:
@@ -454,7 +455,7 @@ class Relay:
             labels.append(self.record(conn, sent, now, log, sends))
         for group in accepted.values():
             items = [(s.owned.row, str(oc.task_id), str(oc.receipt_json)) for s, oc in group]
-            if not store.write_accepted_many(conn, items, now):
+            if not outcomes.write_accepted_many(conn, items, now):
                 raise BatchRaced()
             for sent, outcome in group:
                 assert sent.result is not None
