@@ -265,13 +265,18 @@ def sender_requeue(
     sender_review.requeue_one(business_engine(), ns, op, dry_run=dry_run)
     if dry_run:
         emit(
-            {"namespace_id": ns, "operation_id": op, "state": "REVIEW", "dry_run": True},
+            {
+                "namespace_id": ns,
+                "operation_id": op,
+                "state": policy.OutboxState.REVIEW,
+                "dry_run": True,
+            },
             as_json,
             f"dry run: would requeue {ns}/{op} (PENDING, same key and body); nothing changed",
         )
         return
     emit(
-        {"namespace_id": ns, "operation_id": op, "state": "PENDING"},
+        {"namespace_id": ns, "operation_id": op, "state": policy.OutboxState.PENDING},
         as_json,
         f"requeued {ns}/{op} (PENDING, same key and body)",
     )
