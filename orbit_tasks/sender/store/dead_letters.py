@@ -14,7 +14,7 @@ from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
 from orbit_tasks.sender import policy
 from orbit_tasks.sender.policy import OutboxState
 from orbit_tasks.sender.store.entries import OutboxRow
-from orbit_tasks.sender.store.rows import newest, page_after, value, values
+from orbit_tasks.sender.store.rows import one_operation, page_after, values
 
 o = sender_outbox
 r = sender_resolutions
@@ -98,9 +98,7 @@ def review_page(
 def get_resolution(
     conn: Connection, namespace_id: str, operation_id: str, latest: bool = False
 ) -> ResolutionRow | None:
-    stmt = select(r).where(r.c.namespace_id == namespace_id, r.c.operation_id == operation_id)
-    found = conn.execute(newest(stmt, latest)).first()
-    return None if found is None else value(ResolutionRow, found)
+    return one_operation(conn, r, ResolutionRow, namespace_id, operation_id, latest=latest)
 
 
 def record_resolution(

@@ -6,13 +6,13 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 from sqlalchemy.engine import Connection
 
 from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
 from orbit_tasks.sender import policy
 from orbit_tasks.sender.policy import OutboxState
-from orbit_tasks.sender.store.rows import newest, value
+from orbit_tasks.sender.store.rows import one_operation
 
 o = sender_outbox
 j = sender_jobs
@@ -56,17 +56,13 @@ def get_row(
     conn: Connection, namespace_id: str, operation_id: str, latest: bool = False
 ) -> OutboxRow | None:
     """The outbox row of (namespace, operation), or None (``latest``: :func:`rows.newest`)."""
-    stmt = select(o).where(o.c.namespace_id == namespace_id, o.c.operation_id == operation_id)
-    found = conn.execute(newest(stmt, latest)).first()
-    return None if found is None else value(OutboxRow, found)
+    return one_operation(conn, o, OutboxRow, namespace_id, operation_id, latest=latest)
 
 
 def get_job(
     conn: Connection, namespace_id: str, operation_id: str, latest: bool = False
 ) -> JobRow | None:
-    stmt = select(j).where(j.c.namespace_id == namespace_id, j.c.operation_id == operation_id)
-    found = conn.execute(newest(stmt, latest)).first()
-    return None if found is None else value(JobRow, found)
+    return one_operation(conn, j, JobRow, namespace_id, operation_id, latest=latest)
 
 
 def lock_row(conn: Connection, namespace_id: str, operation_id: str) -> OutboxRow | None:
@@ -74,9 +70,7 @@ def lock_row(conn: Connection, namespace_id: str, operation_id: str) -> OutboxRo
     SQLite: the transaction's write lock). Every dead-letter command locks the row before it
     decides (requeue, resolve), so that a resolve and a requeue of one row are one after the
     other: a resolved row is never requeued in bulk, a requeued row never reported resolved."""
-    stmt = select(o).where(o.c.namespace_id == namespace_id, o.c.operation_id == operation_id)
-    found = conn.execute(stmt.with_for_update()).first()
-    return None if found is None else value(OutboxRow, found)
+    return one_operation(conn, o, OutboxRow, namespace_id, operation_id, lock=True)
 
 
 def insert_entry(

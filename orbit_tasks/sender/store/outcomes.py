@@ -19,13 +19,15 @@ o = sender_outbox
 j = sender_jobs
 
 
-def _mine(row: Claimed) -> Any:
-    return and_(
+def _fenced(conn: Connection, row: Claimed, **values: Any) -> bool:
+    """Write ``values`` to the row if this claim still owns it (its epoch, state SENDING)."""
+    mine = and_(
         o.c.namespace_id == row.namespace_id,
         o.c.operation_id == row.operation_id,
         o.c.lease_epoch == row.lease_epoch,
         o.c.state == OutboxState.SENDING,
     )
+    return conn.execute(update(o).where(mine).values(**values)).rowcount == 1
 
 
 def write_accepted(
@@ -105,27 +107,18 @@ def write_retry(
     conn: Connection, row: Claimed, code: str, wake_at: dt.datetime, now: dt.datetime
 ) -> bool:
     assert code in policy.RETRY_CODES
-    result = conn.execute(
-        update(o)
-        .where(_mine(row))
-        .values(state=OutboxState.PENDING, wake_at=wake_at, last_code=code, updated_at=now)
+    return _fenced(
+        conn, row, state=OutboxState.PENDING, wake_at=wake_at, last_code=code, updated_at=now
     )
-    return result.rowcount == 1
 
 
 def write_review(conn: Connection, row: Claimed, code: str, now: dt.datetime) -> bool:
     assert code in policy.REVIEW_CODES
-    result = conn.execute(
-        update(o)
-        .where(_mine(row))
-        .values(state=OutboxState.REVIEW, wake_at=None, last_code=code, updated_at=now)
+    return _fenced(
+        conn, row, state=OutboxState.REVIEW, wake_at=None, last_code=code, updated_at=now
     )
-    return result.rowcount == 1
 
 
 def release(conn: Connection, row: Claimed, now: dt.datetime) -> bool:
     """Give an unsent claim back (PENDING, due now, ``last_code`` unchanged)."""
-    result = conn.execute(
-        update(o).where(_mine(row)).values(state=OutboxState.PENDING, wake_at=now, updated_at=now)
-    )
-    return result.rowcount == 1
+    return _fenced(conn, row, state=OutboxState.PENDING, wake_at=now, updated_at=now)

@@ -18,7 +18,7 @@ from orbit_tasks.db.business_tables import (
     sender_pruned,
     sender_resolutions,
 )
-from orbit_tasks.sender.store.rows import newest, page_after, value, values
+from orbit_tasks.sender.store.rows import one_operation, page_after, values
 
 o = sender_outbox
 j = sender_jobs
@@ -69,9 +69,7 @@ def get_pruned(
     conn: Connection, namespace_id: str, operation_id: str, latest: bool = False
 ) -> PrunedRow | None:
     """The compact record of a pruned operation, or None (``latest``: :func:`rows.newest`)."""
-    stmt = select(p).where(p.c.namespace_id == namespace_id, p.c.operation_id == operation_id)
-    found = conn.execute(newest(stmt, latest)).first()
-    return None if found is None else value(PrunedRow, found)
+    return one_operation(conn, p, PrunedRow, namespace_id, operation_id, latest=latest)
 
 
 def prune_scan_query(namespace_id: str | None, after: tuple[str, str] | None, limit: int) -> Any:

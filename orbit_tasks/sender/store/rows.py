@@ -1,12 +1,12 @@
-"""How the sender's stores read rows: as typed frozen values, the newest committed one on
-request, and a page after a key of the outbox's primary key."""
+"""How the sender's stores read rows: as typed frozen values, one operation's row (the newest
+committed one on request), and a page after a key of the outbox's primary key."""
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement
-from sqlalchemy.engine import Row
+from sqlalchemy import ColumnElement, Table, select
+from sqlalchemy.engine import Connection, Row
 
 from orbit_tasks.db.business_tables import sender_outbox
 from orbit_tasks.db.keyset import after_key
@@ -35,6 +35,25 @@ def newest(stmt: Any, latest: bool) -> Any:
     newest committed row whatever the caller's isolation level; a plain read under REPEATABLE
     READ keeps the snapshot of the transaction's first read (SQLite: a plain read)."""
     return stmt.with_for_update(read=True) if latest else stmt
+
+
+def one_operation(
+    conn: Connection,
+    table: Table,
+    cls: type[V],
+    namespace_id: str,
+    operation_id: str,
+    *,
+    latest: bool = False,
+    lock: bool = False,
+) -> V | None:
+    """The row of (namespace, operation) of ``table`` as a ``cls``, or None. ``latest``: see
+    :func:`newest`; ``lock``: ``FOR UPDATE`` (locked until the transaction ends)."""
+    c = table.c
+    stmt = select(table).where(c.namespace_id == namespace_id, c.operation_id == operation_id)
+    stmt = stmt.with_for_update() if lock else newest(stmt, latest)
+    found = conn.execute(stmt).first()
+    return None if found is None else value(cls, found)
 
 
 def page_after(
