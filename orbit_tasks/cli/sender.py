@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from typing import Any
@@ -16,8 +17,8 @@ from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender import policy
 from orbit_tasks.sender import retention as sender_retention
 from orbit_tasks.sender import review as sender_review
-from orbit_tasks.sender import store as sender_store
 from orbit_tasks.sender.names import resolve_namespace_id
+from orbit_tasks.sender.store import dead_letters, entries, listing, pruning
 from orbit_tasks.settings import get_settings
 
 LIST_COLUMNS = [
@@ -105,14 +106,17 @@ def sender_list(
         cursor = (_hex(parts[0], "--after namespace"), _hex(parts[1], "--after operation"))
     ns = None if namespace is None else _namespace(namespace)
     with business_engine().connect() as conn:
-        found = sender_store.list_rows(
-            conn,
-            state=state,
-            namespace_id=ns,
-            limit=limit + 1,
-            after=cursor,
-            unresolved=unresolved,
-        )
+        found = [
+            dataclasses.asdict(listed)
+            for listed in listing.list_rows(
+                conn,
+                state=state,
+                namespace_id=ns,
+                limit=limit + 1,
+                after=cursor,
+                unresolved=unresolved,
+            )
+        ]
         now = db_now(conn)
         # A Retry-After hold still running on a row's queue (as `sender show` says): the row is
         # not claimed before it, by any sender process. Holds are one row per queue, few.
@@ -145,28 +149,29 @@ def sender_show(ns: str, op: str, as_json: bool) -> None:
     op = _hex(op, "OP")
     ns = _namespace(ns)
     with business_engine().connect() as conn:
-        row = sender_store.get_row(conn, ns, op)
-        pruned = sender_store.get_pruned(conn, ns, op) if row is None else None
+        row = entries.get_row(conn, ns, op)
+        pruned = pruning.get_pruned(conn, ns, op) if row is None else None
         if row is None and pruned is None:
             sender_review.load(conn, ns, op)  # NotFound, exit 4
-        job = sender_store.get_job(conn, ns, op)
-        resolution = sender_store.get_resolution(conn, ns, op)
+        job = entries.get_job(conn, ns, op)
+        resolution = dead_letters.get_resolution(conn, ns, op)
         hold = None if row is None else sender_holds.get_hold(conn, ns, row.queue_id)
         now = db_now(conn)
     if row is None:
         assert pruned is not None
-        data = _plain(dict(pruned._mapping))
+        data = _plain(dataclasses.asdict(pruned))
         data["pruned"] = True
         data["idempotency_key"] = policy.idempotency_key(op)
         data["source_ref"] = None if job is None else job.source_ref
         _show(data, as_json)
         return
-    data = _plain(dict(row._mapping))
+    data = _plain(dataclasses.asdict(row))
     current = resolution is not None and policy.resolution_current(
         row.state, row.updated_at, resolution.review_since
     )
+    resolved = _plain(dataclasses.asdict(resolution)) if current and resolution else {}
     for key in ("resolved_by", "resolved_at", "reason"):
-        data[key] = _plain(dict(resolution._mapping))[key] if current else None
+        data[key] = resolved.get(key)
     data["request_bytes"] = len(row.request_json.encode("utf-8"))
     data["digest_ok"] = policy.digest(row.request_json) == bytes(row.request_digest)
     del data["request_json"]
@@ -260,13 +265,18 @@ def sender_requeue(
     sender_review.requeue_one(business_engine(), ns, op, dry_run=dry_run)
     if dry_run:
         emit(
-            {"namespace_id": ns, "operation_id": op, "state": "REVIEW", "dry_run": True},
+            {
+                "namespace_id": ns,
+                "operation_id": op,
+                "state": policy.OutboxState.REVIEW,
+                "dry_run": True,
+            },
             as_json,
             f"dry run: would requeue {ns}/{op} (PENDING, same key and body); nothing changed",
         )
         return
     emit(
-        {"namespace_id": ns, "operation_id": op, "state": "PENDING"},
+        {"namespace_id": ns, "operation_id": op, "state": policy.OutboxState.PENDING},
         as_json,
         f"requeued {ns}/{op} (PENDING, same key and body)",
     )

@@ -28,7 +28,7 @@ from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages, namespaces
 from orbit_tasks.platform.history import history_kind
 from orbit_tasks.sender import holds as sender_holds
-from orbit_tasks.sender import store as sender_store
+from orbit_tasks.sender.store import deadlines as sender_deadlines
 
 J = archive_jobs.c
 P = archive_plans.c
@@ -224,7 +224,7 @@ def running_holds(conn: Connection, now: dt.datetime) -> list[Any]:
 
 
 def outbox_pairs(conn: Connection) -> list[tuple[str, str]]:
-    return sender_store.outbox_queues(conn)
+    return sender_deadlines.outbox_queues(conn)
 
 
 def active_outbox(

@@ -2,7 +2,7 @@
 
 The credential's identity is cached for at most 60 s and dropped after any 401/403. Every
 exchange is bounded in total (connect, send, status line, headers and body together), well below
-the sender lease: the relay's pass limits rely on it (orbit_tasks/sender/limits.py). Nothing here
+the sender lease: the relay's pass limits rely on it (orbit_tasks/sender_limits.py). Nothing here
 logs or returns the token, the request body or a raw exception text.
 """
 

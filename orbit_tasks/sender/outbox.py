@@ -25,7 +25,8 @@ from orbit_tasks import json_document
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.faults import DEADLOCK, driver_code, is_lock_conflict
 from orbit_tasks.errors import ConflictError, InvalidInput, TransientError
-from orbit_tasks.sender import policy, store
+from orbit_tasks.sender import policy
+from orbit_tasks.sender.store import entries, pruning
 from orbit_tasks.sender.wakeup import wake_after_commit
 
 MAX_REQUEST_BYTES = json_document.MAX_DOCUMENT_BYTES  # the platform's limit (413 above it)
@@ -235,7 +236,7 @@ def _existing(
 ) -> OutboxEntry | None:
     """What is there for (ns, op), compared with this request. ``latest``: locking reads (after
     a duplicate key, the row another transaction committed after this one's snapshot)."""
-    row = store.get_row(conn, ns, op, latest)
+    row = entries.get_row(conn, ns, op, latest)
     if row is None:
         # Read after the outbox row: a prune commits the compact record and the deletion
         # together, so one of the two reads sees the operation (docs/sender.md "Retention").
@@ -250,7 +251,7 @@ def _existing(
             f"operation {op} in namespace {ns} is already enqueued for queue {row.queue_id}, "
             f"not {queue}"
         )
-    job = store.get_job(conn, ns, op, latest)
+    job = entries.get_job(conn, ns, op, latest)
     if job is not None and job.source_ref != source_ref:
         raise OutboxConflict(
             f"operation {op} in namespace {ns} is already enqueued with another source_ref "
@@ -280,7 +281,7 @@ def _existing_pruned(
     source_ref) is the existing entry, nothing is sent again; another is a conflict.
     ``inserted``: the ``sender_jobs`` row there is this call's own (there was none before)."""
     try:
-        pruned = store.get_pruned(conn, ns, op, latest)
+        pruned = pruning.get_pruned(conn, ns, op, latest)
     except (OperationalError, ProgrammingError) as exc:
         if not _no_pruned_table(exc):
             raise
@@ -298,7 +299,7 @@ def _existing_pruned(
             f"operation {op} in namespace {ns} was already enqueued for queue "
             f"{pruned.queue_id}, not {queue}"
         )
-    job = None if inserted else store.get_job(conn, ns, op, latest)
+    job = None if inserted else entries.get_job(conn, ns, op, latest)
     ref_differs = (
         job.source_ref != source_ref
         if job is not None
@@ -389,7 +390,7 @@ def _enqueue(
         # row (a plain read would answer from the caller's snapshot), and two inserts into one
         # index gap never deadlock, where two SERIALIZABLE reads of the gap before them did.
         with c.begin_nested():
-            store.insert_entry(
+            entries.insert_entry(
                 c,
                 namespace_id=ns,
                 queue_id=queue,
@@ -418,6 +419,6 @@ def _enqueue(
             f"operation {op} in namespace {ns} already has a sender_jobs row without an outbox "
             "row; refusing to enqueue over it"
         ) from None
-    row = store.get_row(c, ns, op)
+    row = entries.get_row(c, ns, op)
     wake_after_commit(c)  # one sender wake-up once the caller's transaction commits
     return _entry(row, created=True)

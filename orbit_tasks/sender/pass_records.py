@@ -4,12 +4,45 @@ thread."""
 
 from __future__ import annotations
 
+import enum
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orbit_tasks.sender import store
 from orbit_tasks.sender.client import SendResult
+from orbit_tasks.sender.policy import LastCode, ReleaseReason
+from orbit_tasks.sender.store.claims import Claimed
+
+
+class SendAction(enum.StrEnum):
+    """What a sending thread did with one claimed row (its :class:`Sent`)."""
+
+    SENT = "sent"  # POSTed: the result is classified and written
+    REVIEW = "review"  # a check before sending found a REVIEW code
+    RELEASE = "release"  # given back unsent (a :class:`ReleaseReason`)
+    ERROR = "error"  # the thread failed: nothing is written, the lease runs out
+
+
+class RowResult(enum.StrEnum):
+    """What recording one row did: the pass's result labels (``n_<label>`` of
+    ``sender.pass.done``, :attr:`PassStats.results`)."""
+
+    ACCEPTED = "accepted"
+    RETRY = "retry"
+    REVIEW = "review"
+    RELEASED = "released"
+    STALE = "stale"  # a newer claim owns the row: the result was dropped
+    ERROR = "error"
+
+
+class Dropped(enum.StrEnum):
+    """The ``outcome`` label of ``orbit_sender_sends_total`` for a POST whose result the fence
+    dropped (a newer claim owned the row); every other POST is counted by its :class:`LastCode`."""
+
+    STALE = "STALE"
+
+
+SendOutcome = LastCode | Dropped
 
 
 @dataclass
@@ -17,11 +50,11 @@ class PassStats:
     claimed: int = 0
     guarded: int = 0  # due rows moved to REVIEW by the claim guards
     swept: int = 0  # rows moved to REVIEW DEADLINE_EXCEEDED by the sweep
-    results: dict[str, int] = field(default_factory=dict)
+    results: dict[RowResult, int] = field(default_factory=dict)
     identity_error: bool = False
     more: bool = False  # stopped by the pass budget with due rows left
 
-    def add(self, result: str) -> None:
+    def add(self, result: RowResult) -> None:
         self.results[result] = self.results.get(result, 0) + 1
 
     def as_fields(self) -> dict[str, Any]:
@@ -37,7 +70,7 @@ class PassStats:
 
 @dataclass(frozen=True)
 class Owned:
-    row: store.Claimed
+    row: Claimed
     mono: float  # the monotonic seam, read just before the claim's database clock was read
 
 
@@ -46,9 +79,9 @@ class Sent:
     """What a sending thread did with one claimed row; the pass's thread records it."""
 
     owned: Owned
-    action: Literal["sent", "review", "release", "error"]
-    code: str = ""  # the REVIEW code of action "review"
-    reason: str = ""  # why a row was released unsent (logged)
+    action: SendAction
+    code: LastCode | Literal[""] = ""  # the REVIEW code of action REVIEW
+    reason: ReleaseReason | Literal[""] = ""  # why a row was released unsent (logged)
     result: SendResult | None = None
 
 

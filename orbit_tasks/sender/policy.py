@@ -216,13 +216,19 @@ def reason_refusal(reason: str) -> str:
 
 # --- classification ----------------------------------------------------------------------------
 
-Kind = Literal["accepted", "retry", "review"]
+
+class OutcomeKind(enum.StrEnum):
+    """What an HTTP outcome makes of a row: ACCEPTED, due again later, or REVIEW."""
+
+    ACCEPTED = "accepted"
+    RETRY = "retry"
+    REVIEW = "review"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: Kind
-    code: str
+    kind: OutcomeKind
+    code: LastCode
     task_id: str | None = None
     receipt_json: str | None = None
     retry_after: float | None = None  # seconds, from the Retry-After header
@@ -231,12 +237,12 @@ class Outcome:
         assert self.code in ALL_CODES, self.code
 
 
-def _retry(code: str, retry_after: float | None = None) -> Outcome:
-    return Outcome("retry", code, retry_after=retry_after)
+def _retry(code: LastCode, retry_after: float | None = None) -> Outcome:
+    return Outcome(OutcomeKind.RETRY, code, retry_after=retry_after)
 
 
-def _review(code: str) -> Outcome:
-    return Outcome("review", code)
+def _review(code: LastCode) -> Outcome:
+    return Outcome(OutcomeKind.REVIEW, code)
 
 
 def classify_transport(kind: Literal["network", "timeout"]) -> Outcome:
@@ -347,7 +353,7 @@ def classify_response(
             found = valid_receipt(body, namespace_id, queue_id, key)
             if found is not None:
                 return Outcome(
-                    "accepted", LastCode.ACCEPTED, task_id=found[0], receipt_json=found[1]
+                    OutcomeKind.ACCEPTED, LastCode.ACCEPTED, task_id=found[0], receipt_json=found[1]
                 )
         return _review(LastCode.PROTOCOL)
     if status == 401:
@@ -428,7 +434,7 @@ def after_retryable(
     rng: RandomSource,
     retry_after: float | None = None,
     http_seconds: float = 0.0,
-) -> tuple[dt.datetime | None, str | None]:
+) -> tuple[dt.datetime | None, LastCode | None]:
     """(wake_at, None) for another try, or (None, REVIEW code) when no further try is allowed:
     the 100th send was the last (``ATTEMPTS_EXHAUSTED``) or no try fits before the deadline."""
     if send_count >= MAX_SENDS:
@@ -442,6 +448,16 @@ def after_retryable(
 # --- pre-send checks ---------------------------------------------------------------------------
 
 
+class ReleaseReason(enum.StrEnum):
+    """Why a claimed row is given back unsent (logged as ``reason`` of ``sender.row.released``)."""
+
+    PASS_END = "pass_end"  # the exchange could not end before the pass must
+    QUEUE_HELD = "queue_held"  # a Retry-After of its queue is running
+    IDENTITY_UNAVAILABLE = "identity_unavailable"
+    OTHER_NAMESPACE = "other_namespace"  # the credential now belongs to another namespace
+    LEASE_SHORT = "lease_short"  # too little lease left for one bounded send
+
+
 def presend_check(
     *,
     stored_digest: bytes,
@@ -452,15 +468,16 @@ def presend_check(
     row_queue: str,
     identity_namespace: str,
     identity_queues: frozenset[str],
-) -> str | None:
-    """REVIEW code found before sending, "" when the row belongs to another namespace than the
-    current credential (released, never sent by this credential), None when it may be sent.
+) -> LastCode | ReleaseReason | None:
+    """REVIEW code found before sending, :attr:`ReleaseReason.OTHER_NAMESPACE` when the row
+    belongs to another namespace than the current credential (released, never sent by this
+    credential), None when it may be sent.
     The key is part of the frozen request: a key that is not ``"op-" + operation_id`` (changed in
     the database) is never sent, like a body that no longer matches its digest."""
     if digest(request_json) != stored_digest or key != idempotency_key(operation_id):
         return LastCode.DIGEST_MISMATCH
     if row_namespace != identity_namespace:
-        return ""
+        return ReleaseReason.OTHER_NAMESPACE
     if row_queue not in identity_queues:
         return LastCode.QUEUE_FORBIDDEN
     return None

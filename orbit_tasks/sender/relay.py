@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
@@ -29,9 +29,21 @@ from orbit_tasks import counters, failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
-from orbit_tasks.sender import holds, policy, store
+from orbit_tasks.sender import holds, policy
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
-from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassStats, Sent
+from orbit_tasks.sender.pass_records import (
+    BatchRaced,
+    Dropped,
+    Finished,
+    Owned,
+    PassStats,
+    RowResult,
+    SendAction,
+    SendOutcome,
+    Sent,
+)
+from orbit_tasks.sender.policy import LastCode, OutcomeKind, ReleaseReason
+from orbit_tasks.sender.store import claims, deadlines, outcomes
 
 __all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
@@ -52,11 +64,10 @@ Monotonic = Callable[[], float]
 LogEntry = tuple[str, int, dict[str, Any]]
 # What one POST's recorded outcome adds to the counters once its transaction committed: the
 # outcome code (STALE: dropped by the fence) and, for an ACCEPTED row, its enqueue-to-accept lag.
-SendCount = tuple[str, float | None]
-STALE = "STALE"
+SendCount = tuple[SendOutcome, float | None]
 
 
-def _fields(row: store.Claimed) -> dict[str, Any]:
+def _fields(row: claims.Claimed) -> dict[str, Any]:
     return dict(
         namespace_id=row.namespace_id,
         operation_id=row.operation_id,
@@ -77,7 +88,7 @@ def _flush(entries: list[LogEntry], sends: list[SendCount] | None = None) -> Non
             counters.ACCEPT_LAG_SECONDS.observe(lag)
 
 
-def _lag(row: store.Claimed, now: dt.datetime) -> float:
+def _lag(row: claims.Claimed, now: dt.datetime) -> float:
     """Seconds from enqueue to ``now``: ``created_at`` is ``send_deadline_at - SEND_WINDOW``
     (fixed together at insert), so no extra column is read."""
     return max(0.0, (now - (row.send_deadline_at - policy.SEND_WINDOW)).total_seconds())
@@ -144,7 +155,7 @@ class Relay:
 
     def sweep(self) -> int:
         moved = self._transaction(
-            lambda conn, _b: store.sweep_deadlines(conn, self.clock.now(conn), SWEEP_LIMIT)
+            lambda conn, _b: deadlines.sweep_deadlines(conn, self.clock.now(conn), SWEEP_LIMIT)
         )
         if moved:
             log_action(logger, "sender.sweep.deadline_exceeded", rows=moved)
@@ -155,7 +166,7 @@ class Relay:
         latter re-read at most every QUEUE_SCAN_SECONDS)."""
         cached = self._ns_queues.get(identity.namespace_id)
         if cached is None or self.monotonic() - cached[0] >= QUEUE_SCAN_SECONDS:
-            found = store.namespace_queues(conn, identity.namespace_id)
+            found = claims.namespace_queues(conn, identity.namespace_id)
             cached = (self.monotonic(), frozenset(found))
             self._ns_queues[identity.namespace_id] = cached
         return sorted(identity.queue_ids | cached[1])
@@ -181,7 +192,7 @@ class Relay:
             return [], 0, 0
         start = self._queue_offset % len(queues)
         self._queue_offset += 1
-        claimed: list[store.Claimed] = []
+        claimed: list[claims.Claimed] = []
         seen = guarded = 0
         # Holds recorded by any sender process (sender_holds), and this process's own.
         held = holds.held_queues(conn, identity.namespace_id, now)
@@ -190,8 +201,8 @@ class Relay:
                 break
             if queue in held or self.held(identity.namespace_id, queue):
                 continue  # the platform asked this queue to wait: claim nothing of it
-            ready: list[store.Candidate] = []
-            for cand in store.due_candidates(
+            ready: list[claims.Candidate] = []
+            for cand in claims.due_candidates(
                 conn, identity.namespace_id, queue, now, limit - len(claimed)
             ):
                 seen += 1
@@ -200,7 +211,7 @@ class Relay:
                 )
                 if code is None:
                     ready.append(cand)
-                elif store.guard_to_review(conn, cand, code, now):
+                elif claims.guard_to_review(conn, cand, code, now):
                     guarded += 1
                     fields = dict(
                         namespace_id=cand.namespace_id,
@@ -210,11 +221,11 @@ class Relay:
                     )
                     log.append(("sender.row.review", logging.INFO, fields))
             if batched:
-                if not store.claim_many(conn, ready, now, self.lease_seconds):
+                if not claims.claim_many(conn, ready, now, self.lease_seconds):
                     raise BatchRaced()
             else:
-                ready = [c for c in ready if store.claim(conn, c, now, self.lease_seconds)]
-            claimed += [store.claimed_row(c, now, self.lease_seconds) for c in ready]
+                ready = [c for c in ready if claims.claim(conn, c, now, self.lease_seconds)]
+            claimed += [claims.claimed_row(c, now, self.lease_seconds) for c in ready]
         if claimed:
             failpoints.hit("sender.claim.before_commit")
         return [Owned(r, mono) for r in claimed], seen, guarded
@@ -242,13 +253,13 @@ class Relay:
         row = owned.row
         need = self.timeout_seconds * (1 if self.client.identity_is_fresh() else 2)
         if self.monotonic() + need > pass_end:
-            return Sent(owned, "release", reason="pass_end")
+            return Sent(owned, SendAction.RELEASE, reason=ReleaseReason.PASS_END)
         if self.held(row.namespace_id, row.queue_id):
-            return Sent(owned, "release", reason="queue_held")
+            return Sent(owned, SendAction.RELEASE, reason=ReleaseReason.QUEUE_HELD)
         try:
             identity = self.client.identity()
         except IdentityUnavailable:
-            return Sent(owned, "release", reason="identity_unavailable")
+            return Sent(owned, SendAction.RELEASE, reason=ReleaseReason.IDENTITY_UNAVAILABLE)
         check = policy.presend_check(
             stored_digest=row.request_digest,
             request_json=row.request_json,
@@ -259,19 +270,19 @@ class Relay:
             identity_namespace=identity.namespace_id,
             identity_queues=identity.queue_ids,
         )
-        if check == "":
+        if isinstance(check, ReleaseReason):
             # The credential now belongs to another namespace: never send this row with it.
-            return Sent(owned, "release", reason="other_namespace")
+            return Sent(owned, SendAction.RELEASE, reason=check)
         if check is not None:
-            return Sent(owned, "review", code=check)
+            return Sent(owned, SendAction.REVIEW, code=check)
         elapsed = dt.timedelta(seconds=self.monotonic() - owned.mono)
         if policy.too_late_to_send(
             row.claimed_at + elapsed, row.send_deadline_at, self.timeout_seconds
         ):
-            return Sent(owned, "review", code=policy.LastCode.DEADLINE_EXCEEDED)
+            return Sent(owned, SendAction.REVIEW, code=LastCode.DEADLINE_EXCEEDED)
         if row.claimed_at + elapsed + dt.timedelta(seconds=self.timeout_seconds) >= row.lease_until:
             # Too little lease left for one bounded send: give it back unsent.
-            return Sent(owned, "release", reason="lease_short")
+            return Sent(owned, SendAction.RELEASE, reason=ReleaseReason.LEASE_SHORT)
         started = time.perf_counter()
         result = self.client.submit(
             row.namespace_id, row.queue_id, row.idempotency_key, row.request_json.encode("utf-8")
@@ -286,7 +297,7 @@ class Relay:
                 # At once for this process's other sending threads; the pass's thread bounds it
                 # and records it for every process when it writes this outcome (_record_hold).
                 self.hold(row.namespace_id, row.queue_id, wait)
-        return Sent(owned, "sent", result=result)
+        return Sent(owned, SendAction.SENT, result=result)
 
     # --- queue-wide back-off -------------------------------------------------------------------
 
@@ -363,17 +374,17 @@ class Relay:
 
     def _write_outcome(
         self, conn: Connection, sent: Sent, now: dt.datetime, fields: dict[str, Any]
-    ) -> tuple[str, str, bool]:
+    ) -> tuple[LastCode, RowResult, bool]:
         """Classify one HTTP result and write it: (code, kind, written)."""
         row = sent.owned.row
         outcome = self._classify(sent, now)
-        if outcome.kind == "accepted":
+        if outcome.kind == OutcomeKind.ACCEPTED:
             assert outcome.task_id is not None and outcome.receipt_json is not None
             fields["task_id"] = outcome.task_id
-            written = store.write_accepted(conn, row, outcome.task_id, outcome.receipt_json, now)
-            return outcome.code, "accepted", written
+            written = outcomes.write_accepted(conn, row, outcome.task_id, outcome.receipt_json, now)
+            return outcome.code, RowResult.ACCEPTED, written
         code = outcome.code
-        if outcome.kind == "retry":
+        if outcome.kind == OutcomeKind.RETRY:
             self._record_hold(conn, sent, outcome, now)
             wake, final = policy.after_retryable(
                 now,
@@ -384,10 +395,10 @@ class Relay:
                 self.timeout_seconds,
             )
             if wake is not None:
-                return code, "retry", store.write_retry(conn, row, code, wake, now)
+                return code, RowResult.RETRY, outcomes.write_retry(conn, row, code, wake, now)
             assert final is not None
             code = final
-        return code, "review", store.write_review(conn, row, code, now)
+        return code, RowResult.REVIEW, outcomes.write_review(conn, row, code, now)
 
     def record(
         self,
@@ -396,40 +407,42 @@ class Relay:
         now: dt.datetime,
         log: list[LogEntry],
         sends: list[SendCount] | None = None,
-    ) -> str:
+    ) -> RowResult:
         """Write what happened to one row, fenced by its epoch; returns the stats label. A POST's
         outcome is appended to ``sends`` (counted after the commit)."""
         row = sent.owned.row
         sends = [] if sends is None else sends
         fields = _fields(row)
         status = None if sent.result is None else sent.result.status
-        if sent.action == "error":
-            return "error"  # nothing to write: the row is taken over after its lease
-        if sent.action == "release":
-            if store.release(conn, row, now):
+        if sent.action == SendAction.ERROR:
+            return RowResult.ERROR  # nothing to write: the row is taken over after its lease
+        code: LastCode | Literal[""]
+        if sent.action == SendAction.RELEASE:
+            if outcomes.release(conn, row, now):
                 entry = {"reason": sent.reason, **fields}
                 log.append(("sender.row.released", logging.INFO, entry))
-                return "released"
+                return RowResult.RELEASED
             code = ""
         else:
-            if sent.action == "review":
-                code, kind = sent.code, "review"
-                written = store.write_review(conn, row, code, now)
+            if sent.action == SendAction.REVIEW:
+                assert sent.code
+                code, kind = sent.code, RowResult.REVIEW
+                written = outcomes.write_review(conn, row, code, now)
             else:
                 code, kind, written = self._write_outcome(conn, sent, now, fields)
             if written:
                 extra: dict[str, Any] = {"code": code}
                 if sent.result is not None:
                     extra["status"] = status
-                    sends.append((code, _lag(row, now) if kind == "accepted" else None))
+                    sends.append((code, _lag(row, now) if kind == RowResult.ACCEPTED else None))
                 log.append((f"sender.row.{kind}", logging.INFO, {**extra, **fields}))
                 return kind
             if sent.result is not None:
-                sends.append((STALE, None))
+                sends.append((Dropped.STALE, None))
         log.append(
             ("sender.outcome.stale", logging.WARNING, {"code": code, "status": status, **fields})
         )
-        return "stale"
+        return RowResult.STALE
 
     def record_all(
         self,
@@ -439,22 +452,22 @@ class Relay:
         batched: bool,
         log: list[LogEntry],
         sends: list[SendCount] | None = None,
-    ) -> list[str]:
+    ) -> list[RowResult]:
         """:meth:`record` for several rows; with ``batched`` the accepted ones of a namespace
         share two statements (raises :class:`BatchRaced` when one of them was stale)."""
         sends = [] if sends is None else sends
-        labels: list[str] = []
+        labels: list[RowResult] = []
         accepted: dict[str, list[tuple[Sent, policy.Outcome]]] = {}
         for sent in sents:
-            if batched and sent.action == "sent":
+            if batched and sent.action == SendAction.SENT:
                 outcome = self._classify(sent, now)
-                if outcome.kind == "accepted":
+                if outcome.kind == OutcomeKind.ACCEPTED:
                     accepted.setdefault(sent.owned.row.namespace_id, []).append((sent, outcome))
                     continue
             labels.append(self.record(conn, sent, now, log, sends))
         for group in accepted.values():
             items = [(s.owned.row, str(oc.task_id), str(oc.receipt_json)) for s, oc in group]
-            if not store.write_accepted_many(conn, items, now):
+            if not outcomes.write_accepted_many(conn, items, now):
                 raise BatchRaced()
             for sent, outcome in group:
                 assert sent.result is not None
@@ -462,18 +475,18 @@ class Relay:
                 log.append(
                     ("sender.row.accepted", logging.INFO, {**fields, **_fields(sent.owned.row)})
                 )
-                sends.append((policy.LastCode.ACCEPTED.value, _lag(sent.owned.row, now)))
-                labels.append("accepted")
+                sends.append((LastCode.ACCEPTED, _lag(sent.owned.row, now)))
+                labels.append(RowResult.ACCEPTED)
         return labels
 
-    def process(self, owned: Owned) -> str:
+    def process(self, owned: Owned) -> RowResult:
         """Check, send and record one claimed row on its own. Returns the stats label."""
         try:
             sent = self.send(owned)
             log: list[LogEntry] = []
             sends: list[SendCount] = []
 
-            def run(conn: Connection, _batched: bool) -> str:
+            def run(conn: Connection, _batched: bool) -> RowResult:
                 log.clear()
                 sends.clear()
                 return self.record(conn, sent, self.clock.now(conn), log, sends)
@@ -483,7 +496,7 @@ class Relay:
             return label
         except Exception as exc:  # noqa: BLE001 - one bad row must not stop the pass
             self._row_error(owned, exc)
-            return "error"
+            return RowResult.ERROR
 
     def _row_error(self, owned: Owned, exc: BaseException) -> None:
         error = type(exc).__name__
@@ -495,7 +508,7 @@ class Relay:
         """Claim and send due rows until none are due, ``max_claims`` were claimed or the claim
         budget is spent; then finish the rows in flight. No HTTP exchange runs later than
         ``budget + 2 * timeout`` after the start (a row that would is released unsent), so a pass
-        ends on its own within the limits of orbit_tasks/sender/limits.py."""
+        ends on its own within the limits of orbit_tasks/sender_limits.py."""
         stats = PassStats()
         start = self.monotonic()
         claim_end = start + (DEFAULT_CLAIM_SECONDS if budget_seconds is None else budget_seconds)
@@ -579,7 +592,7 @@ class Relay:
             done.put(self.send(owned, pass_end))
         except Exception as exc:  # noqa: BLE001 - the row is taken over after its lease
             self._row_error(owned, exc)
-            done.put(Sent(owned, "error"))
+            done.put(Sent(owned, SendAction.ERROR))
 
     def _step(
         self,
@@ -594,7 +607,7 @@ class Relay:
         log: list[LogEntry] = []
         sends: list[SendCount] = []
 
-        def run(c: Connection, batched: bool) -> tuple[list[str], list[Owned], int, int]:
+        def run(c: Connection, batched: bool) -> tuple[list[RowResult], list[Owned], int, int]:
             log.clear()
             sends.clear()
             mono = self.monotonic()

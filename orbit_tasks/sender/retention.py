@@ -26,8 +26,10 @@ from orbit_tasks import failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.logs import log_action
-from orbit_tasks.sender import policy, store
+from orbit_tasks.sender import policy
 from orbit_tasks.sender.policy import OutboxState
+from orbit_tasks.sender.store import pruning
+from orbit_tasks.sender.store.pruning import PrunedRow, ScannedRow
 
 logger = logging.getLogger("orbit.sender.retention")
 PAGE_ROWS = 500
@@ -69,25 +71,25 @@ class _PageChanged(Exception):
     """A row of the page changed between the scan and the delete: roll the page back."""
 
 
-def _record(row: Any, now: dt.datetime) -> dict[str, Any]:
+def _record(row: ScannedRow, now: dt.datetime) -> PrunedRow:
     accepted = row.state == OutboxState.ACCEPTED
-    return {
-        "namespace_id": row.namespace_id,
-        "operation_id": row.operation_id,
-        "queue_id": row.queue_id,
-        "request_digest": bytes(row.request_digest),
-        "source_ref_digest": None if row.source_ref is None else policy.digest(row.source_ref),
-        "state": row.state,
-        "last_code": row.last_code,
-        "task_id": row.task_id if accepted else None,
-        "created_at": row.created_at,
-        "send_deadline_at": row.send_deadline_at,
-        "accepted_at": row.updated_at if accepted else None,
-        "pruned_at": now,
-    }
+    return PrunedRow(
+        namespace_id=row.namespace_id,
+        operation_id=row.operation_id,
+        queue_id=row.queue_id,
+        request_digest=bytes(row.request_digest),
+        source_ref_digest=None if row.source_ref is None else policy.digest(row.source_ref),
+        state=row.state,
+        last_code=row.last_code,
+        task_id=row.task_id if accepted else None,
+        created_at=row.created_at,
+        send_deadline_at=row.send_deadline_at,
+        accepted_at=row.updated_at if accepted else None,
+        pruned_at=now,
+    )
 
 
-def prunable_rows(rows: list[Any], cutoff: dt.datetime) -> list[Any]:
+def prunable_rows(rows: list[ScannedRow], cutoff: dt.datetime) -> list[ScannedRow]:
     """The rows of a scanned page that may be pruned (``policy.prunable``); never a row whose
     operation already has a compact record (:func:`in_both`)."""
     out = []
@@ -100,13 +102,13 @@ def prunable_rows(rows: list[Any], cutoff: dt.datetime) -> list[Any]:
     return out
 
 
-def in_both(rows: list[Any]) -> list[Any]:
+def in_both(rows: list[ScannedRow]) -> list[ScannedRow]:
     """Rows of a scanned page whose operation is also in ``sender_pruned`` (an enqueue before
     issue 23 could create one from an old snapshot): skipped, never deleted, logged."""
     return [row for row in rows if row.already_pruned_at is not None]
 
 
-def _skipped(report: PruneReport, rows: list[Any]) -> None:
+def _skipped(report: PruneReport, rows: list[ScannedRow]) -> None:
     for row in rows:
         report.skipped_in_both += 1
         log_action(
@@ -120,15 +122,15 @@ def _skipped(report: PruneReport, rows: list[Any]) -> None:
         )
 
 
-def _prune_together(conn: Connection, rows: list[Any], now: dt.datetime) -> None:
+def _prune_together(conn: Connection, rows: list[ScannedRow], now: dt.datetime) -> None:
     """Delete ``rows`` as seen and insert their compact records, in ``conn``'s transaction."""
-    by_ns: dict[str, list[Any]] = {}
+    by_ns: dict[str, list[ScannedRow]] = {}
     for row in rows:
         by_ns.setdefault(row.namespace_id, []).append(row)
     for ns, seen in by_ns.items():
-        if not store.delete_pruned(conn, ns, seen):
+        if not pruning.delete_pruned(conn, ns, seen):
             raise _PageChanged
-    store.insert_pruned(conn, [_record(row, now) for row in rows])
+    pruning.insert_pruned(conn, [_record(row, now) for row in rows])
     failpoints.hit("sender.prune.before_commit")
 
 
@@ -159,10 +161,10 @@ def prune(
         if budget_seconds is not None and monotonic() - started >= budget_seconds:
             report.next_after = cursor
             break
-        chosen: list[Any] = []
+        chosen: list[ScannedRow] = []
         try:
             with engine.begin() as conn:
-                page = store.prune_scan(conn, namespace_id, cursor, page_rows)
+                page = pruning.prune_scan(conn, namespace_id, cursor, page_rows)
                 chosen = prunable_rows(page, cutoff)
                 if chosen and not dry_run:
                     _prune_together(conn, chosen, clock.now(conn))
@@ -198,11 +200,14 @@ def prune(
     return report
 
 
-def _one_by_one(engine: Engine, rows: list[Any], clock: Clock) -> tuple[list[Any], list[Any]]:
+def _one_by_one(
+    engine: Engine, rows: list[ScannedRow], clock: Clock
+) -> tuple[list[ScannedRow], list[ScannedRow]]:
     """A page in which a row changed since the scan: each row in its own transaction; the rows
     actually pruned (a row requeued meanwhile, or pruned by another prune, is skipped) and the
     rows whose compact record exists already (kept, never deleted)."""
-    done, twice = [], []
+    done: list[ScannedRow] = []
+    twice: list[ScannedRow] = []
     for row in rows:
         try:
             with engine.begin() as conn:

@@ -21,7 +21,10 @@ from orbit_tasks import failpoints
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
 from orbit_tasks.logs import log_action
-from orbit_tasks.sender import policy, store
+from orbit_tasks.sender import policy
+from orbit_tasks.sender.store import dead_letters, entries, pruning
+from orbit_tasks.sender.store.dead_letters import ReviewRow
+from orbit_tasks.sender.store.entries import OutboxRow
 
 logger = logging.getLogger("orbit.sender.review")
 PAGE_ROWS = 200
@@ -31,7 +34,7 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat(timespec="microseconds") + "Z"
 
 
-def _item(row: Any, action: str, why: str = "") -> dict[str, Any]:
+def _item(row: ReviewRow | OutboxRow, action: str, why: str = "") -> dict[str, Any]:
     return {
         "namespace_id": row.namespace_id,
         "operation_id": row.operation_id,
@@ -45,7 +48,7 @@ def _item(row: Any, action: str, why: str = "") -> dict[str, Any]:
 
 def _pages(
     engine: Engine, code: str, namespace_id: str | None, *, unresolved: bool
-) -> Iterator[tuple[Connection, dt.datetime, list[Any]]]:
+) -> Iterator[tuple[Connection, dt.datetime, list[ReviewRow]]]:
     """REVIEW rows with ``code``, one keyset page per short transaction (with its ``now``)."""
     if code not in policy.REVIEW_CODES:
         allowed = ", ".join(sorted(policy.REVIEW_CODES))
@@ -53,7 +56,7 @@ def _pages(
     after: tuple[str, str] | None = None
     while True:
         with engine.begin() as conn:
-            page = store.review_page(
+            page = dead_letters.review_page(
                 conn,
                 last_code=code,
                 namespace_id=namespace_id,
@@ -74,7 +77,7 @@ def _pages(
 
 def requeue_one(
     engine: Engine, ns: str, op: str, clock: Clock = DB_CLOCK, *, dry_run: bool = False
-) -> Any:
+) -> OutboxRow:
     """``orbit sender requeue NS OP``: REVIEW -> PENDING, same key and body; the row as it was.
     Refused (IllegalState, exit 3) past its deadline, at 100 sends, not in REVIEW, or pruned.
     ``dry_run``: the same checks, nothing written."""
@@ -86,13 +89,13 @@ def requeue_one(
             raise IllegalState(f"cannot requeue {ns}/{op}: {why}")
         if dry_run:
             return row
-        if not store.requeue(conn, row, now):
+        if not dead_letters.requeue(conn, row, now):
             raise IllegalState(f"cannot requeue {ns}/{op}: the row changed meanwhile; retry")
     _logged_requeue(row)
     return row
 
 
-def _logged_requeue(row: Any) -> None:
+def _logged_requeue(row: OutboxRow) -> None:
     log_action(
         logger,
         "sender.row.requeued",
@@ -103,9 +106,9 @@ def _logged_requeue(row: Any) -> None:
     )
 
 
-def _resolved_by(conn: Connection, row: Any) -> str | None:
+def _resolved_by(conn: Connection, row: OutboxRow) -> str | None:
     """Who resolved the current review of ``row`` (newest committed resolution), or None."""
-    found = store.get_resolution(conn, row.namespace_id, row.operation_id, latest=True)
+    found = dead_letters.get_resolution(conn, row.namespace_id, row.operation_id, latest=True)
     if found is None:
         return None
     if not policy.resolution_current(row.state, row.updated_at, found.review_since):
@@ -121,17 +124,17 @@ def requeue_code(
     changed meanwhile); with ``dry_run`` what would happen. A resolved row is one an operator
     marked as handled (e.g. re-created by hand): sending it in bulk could do its work twice, so
     only naming it (:func:`requeue_one`) sends it. Each row is locked and read again before
-    its decision (:func:`store.lock_row`): a resolve racing the requeue is either seen (the row
+    its decision (:func:`entries.lock_row`): a resolve racing the requeue is either seen (the row
     is refused) or waits and then finds the row requeued (it is refused)."""
     items = []
     for conn, now, page in _pages(engine, code, namespace_id, unresolved=False):
         failpoints.hit("sender.requeue.after_page")  # a page read, nothing locked yet
         for seen in page:
-            row = seen if dry_run else store.lock_row(conn, seen.namespace_id, seen.operation_id)
+            row = seen if dry_run else entries.lock_row(conn, seen.namespace_id, seen.operation_id)
             if row is None or row.state != seen.state or row.updated_at != seen.updated_at:
                 items.append(_item(seen, "refused", "the row changed meanwhile"))
                 continue
-            resolver = seen.resolved_by if dry_run else _resolved_by(conn, row)
+            resolver = _resolved_by(conn, row) if isinstance(row, OutboxRow) else seen.resolved_by
             why = policy.requeue_refusal(now, row.state, row.send_count, row.send_deadline_at)
             if not why and resolver is not None:
                 why = (
@@ -142,7 +145,7 @@ def requeue_code(
                 items.append(_item(seen, "refused", why))
             elif dry_run:
                 items.append(_item(seen, "would_requeue"))
-            elif store.requeue(conn, row, now):
+            elif isinstance(row, OutboxRow) and dead_letters.requeue(conn, row, now):
                 items.append(_item(seen, "requeued"))
                 _logged_requeue(row)
             else:
@@ -154,20 +157,20 @@ def requeue_code(
 # --- resolve ---------------------------------------------------------------------------------
 
 
-def load(conn: Connection, ns: str, op: str) -> Any:
-    row = store.get_row(conn, ns, op)
+def load(conn: Connection, ns: str, op: str) -> OutboxRow:
+    row = entries.get_row(conn, ns, op)
     if row is None:
         raise NotFound(f"outbox row namespace {ns} operation {op} does not exist")
     return row
 
 
-def locked(conn: Connection, ns: str, op: str, verb: str) -> Any:
+def locked(conn: Connection, ns: str, op: str, verb: str) -> OutboxRow:
     """The row (ns, op) locked for a dead-letter command; a pruned operation is a conflict
     (exit 3: its record is there, ``sender show`` prints it), a missing one NotFound (exit 4)."""
-    row = store.lock_row(conn, ns, op)
+    row = entries.lock_row(conn, ns, op)
     if row is not None:
         return row
-    if store.get_pruned(conn, ns, op) is not None:
+    if pruning.get_pruned(conn, ns, op) is not None:
         raise IllegalState(
             f"cannot {verb} {ns}/{op}: the operation was pruned (its compact record is in "
             f"sender_pruned: `orbit sender show {ns} {op}`); there is no row to {verb}"
@@ -182,7 +185,7 @@ def _checked(reason: str, actor: str) -> tuple[str, str]:
     return reason, actor[: policy.MAX_ACTOR_CHARS]
 
 
-def _logged_resolution(row: Any, actor: str) -> None:
+def _logged_resolution(row: ReviewRow | OutboxRow, actor: str) -> None:
     log_action(
         logger,
         "sender.row.resolved",
@@ -216,9 +219,12 @@ def resolve_one(
         now = clock.now(conn)
         if _resolved_by(conn, row) is not None or (
             not dry_run
-            and not store.record_resolution(conn, row, resolved_by=actor, reason=reason, now=now)
+            and not dead_letters.record_resolution(
+                conn, row, resolved_by=actor, reason=reason, now=now
+            )
         ):
-            found = store.get_resolution(conn, ns, op, latest=True)
+            found = dead_letters.get_resolution(conn, ns, op, latest=True)
+            assert found is not None  # read after the one that was there, newest committed
             raise IllegalState(
                 f"cannot resolve {ns}/{op}: already resolved by {found.resolved_by} at "
                 f"{_iso(found.resolved_at)}"
@@ -252,13 +258,13 @@ def resolve_code(
             if dry_run:
                 items.append(_item(row, "would_resolve"))
                 continue
-            current = store.lock_row(conn, row.namespace_id, row.operation_id)
+            current = entries.lock_row(conn, row.namespace_id, row.operation_id)
             if current is None or (current.state, current.updated_at) != (
                 row.state,
                 row.updated_at,
             ):
                 items.append(_item(row, "skipped", "the row changed meanwhile (requeued)"))
-            elif _resolved_by(conn, current) is None and store.record_resolution(
+            elif _resolved_by(conn, current) is None and dead_letters.record_resolution(
                 conn, current, resolved_by=actor, reason=reason, now=now
             ):
                 items.append(_item(row, "resolved"))

@@ -30,7 +30,7 @@ _lock = threading.Lock()
 _relay: Relay | None = None
 
 # Claim budget, HTTP bound and Celery limits derived together from the lease, so that a pass
-# always ends on its own before the soft limit (orbit_tasks/sender/limits.py, docs/sender.md).
+# always ends on its own before the soft limit (orbit_tasks/sender_limits.py, docs/sender.md).
 LIMITS = pass_limits(
     get_settings().sender_lease_seconds, get_settings().sender_http_timeout_seconds
 )

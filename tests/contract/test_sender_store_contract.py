@@ -1,6 +1,6 @@
 """The sender store's contract at its exact boundaries, on SQLite (the embedded default) AND
 MariaDB: every test runs on both. Time comes through the seams (``Relay(clock=..., monotonic=...)``,
-``now`` arguments of orbit_tasks/sender/store.py), so each rule is checked at ``boundary - 1 µs``,
+``now`` arguments of orbit_tasks/sender/store/), so each rule is checked at ``boundary - 1 µs``,
 ``= boundary`` and ``+ 1 µs`` without sleeping: claim (``wake_at <= now``), takeover of an expired
 SENDING lease, fencing by ``lease_epoch``, the deadline sweep, the claim guards
 (DEADLINE_EXCEEDED, ATTEMPTS_EXHAUSTED), the last retry slot, requeue, and the checks before a
@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
+from orbit_tasks.db.business_tables import sender_jobs, sender_outbox
 from orbit_tasks.db.engine import FixedClock
-from orbit_tasks.sender import policy, store
+from orbit_tasks.sender import policy
 from orbit_tasks.sender.client import Identity, PlatformClient, SendResult
 from orbit_tasks.sender.relay import Owned, PassStats, Relay, Sent
+from orbit_tasks.sender.store import claims, dead_letters, entries, listing, outcomes
 from tests.support import sender as sender_support
 from tests.support.sender import World, captured_sql, explain, platform_task_count
 
@@ -74,7 +76,7 @@ def add_rows(
         for i in range(n):
             op = secrets.token_hex(16)
             body = f'{{"i": {i}, "note": "😀"}}'
-            store.insert_entry(
+            entries.insert_entry(
                 conn,
                 namespace_id=ns,
                 queue_id=queue,
@@ -86,8 +88,8 @@ def add_rows(
             )
             if count:
                 conn.execute(
-                    store.o.update()
-                    .where(store.o.c.operation_id == op)
+                    sender_outbox.update()
+                    .where(sender_outbox.c.operation_id == op)
                     .values(send_count=count, lease_epoch=count)
                 )
             ops.append(op)
@@ -96,7 +98,7 @@ def add_rows(
 
 def row(engine: Engine, op: str) -> Any:
     with engine.connect() as conn:
-        return conn.execute(select(store.o).where(store.o.c.operation_id == op)).one()
+        return conn.execute(select(sender_outbox).where(sender_outbox.c.operation_id == op)).one()
 
 
 def claim_one(relay: Relay, identity: Identity = IDENTITY) -> Owned:
@@ -142,7 +144,7 @@ def test_an_expired_lease_is_taken_over_from_its_end(biz: Engine, offset: int) -
     # the first claim's outcome counts only while nobody took the row over
     with biz.begin() as conn:
         wake = lease_until + 5 * SECOND
-        assert store.write_retry(conn, first.row, "UNAVAILABLE", wake, lease_until) is not taken
+        assert outcomes.write_retry(conn, first.row, "UNAVAILABLE", wake, lease_until) is not taken
 
 
 def _stale_and_current(biz: Engine) -> tuple[Owned, Owned]:
@@ -154,11 +156,13 @@ def _stale_and_current(biz: Engine) -> tuple[Owned, Owned]:
 
 RECEIPT = '{"task_id":"' + "d" * 32 + '"}'
 WRITES = {
-    "accepted": lambda c, r, now: store.write_accepted(c, r, "d" * 32, RECEIPT, now),
-    "accepted_many": lambda c, r, now: store.write_accepted_many(c, [(r, "d" * 32, RECEIPT)], now),
-    "retry": lambda c, r, now: store.write_retry(c, r, "TIMEOUT", now + SECOND, now),
-    "review": lambda c, r, now: store.write_review(c, r, "REJECTED", now),
-    "release": lambda c, r, now: store.release(c, r, now),
+    "accepted": lambda c, r, now: outcomes.write_accepted(c, r, "d" * 32, RECEIPT, now),
+    "accepted_many": lambda c, r, now: outcomes.write_accepted_many(
+        c, [(r, "d" * 32, RECEIPT)], now
+    ),
+    "retry": lambda c, r, now: outcomes.write_retry(c, r, "TIMEOUT", now + SECOND, now),
+    "review": lambda c, r, now: outcomes.write_review(c, r, "REJECTED", now),
+    "release": lambda c, r, now: outcomes.release(c, r, now),
 }
 
 
@@ -182,13 +186,13 @@ def test_one_statement_claim_and_accept_refuse_a_page_with_one_stale_row(biz: En
     row (Relay._in_transaction) when one row of the page changed since it was seen."""
     ops = add_rows(biz, 3)
     with biz.connect() as conn:
-        cands = store.due_candidates(conn, NS, Q, T0, 10)
+        cands = claims.due_candidates(conn, NS, Q, T0, 10)
         conn.rollback()
     assert {c.operation_id for c in cands} == set(ops)
     with biz.begin() as conn:  # another sender claims one of them first
-        assert store.claim(conn, cands[1], T0, LEASE)
+        assert claims.claim(conn, cands[1], T0, LEASE)
     with biz.begin() as conn:
-        assert store.claim_many(conn, cands, T0, LEASE) is False
+        assert claims.claim_many(conn, cands, T0, LEASE) is False
         conn.rollback()
     assert [row(biz, op).lease_epoch for op in (cands[0].operation_id, cands[2].operation_id)] == [
         0,
@@ -202,14 +206,14 @@ def test_one_statement_claim_and_accept_refuse_a_page_with_one_stale_row(biz: En
     }
     # an accepted page with one stale row (epoch 0: the other sender owns epoch 1) writes nothing
     mine = next(o.row for o in owned if o.row.operation_id == cands[0].operation_id)
-    stale = dataclasses.replace(store.claimed_row(cands[1], T0, LEASE), lease_epoch=0)
+    stale = dataclasses.replace(claims.claimed_row(cands[1], T0, LEASE), lease_epoch=0)
     with biz.begin() as conn:
         items = [(mine, "d" * 32, RECEIPT), (stale, "e" * 32, RECEIPT)]
-        assert store.write_accepted_many(conn, items, T0) is False
+        assert outcomes.write_accepted_many(conn, items, T0) is False
         conn.rollback()
     assert row(biz, mine.operation_id).state == "SENDING"
     with biz.begin() as conn:
-        assert store.write_accepted_many(conn, [(mine, "d" * 32, RECEIPT)], T0) is True
+        assert outcomes.write_accepted_many(conn, [(mine, "d" * 32, RECEIPT)], T0) is True
 
 
 def _receipt(owned: Owned) -> bytes:
@@ -244,7 +248,7 @@ def test_a_page_of_outcomes_with_one_taken_over_row_falls_back_to_row_by_row(
     others = [r for op, r in states.items() if op != taken.row.operation_id]
     assert [(r.state, r.last_code) for r in others] == [("ACCEPTED", "ACCEPTED")] * 2
     with biz.connect() as conn:
-        jobs = conn.execute(select(store.j.c.operation_id, store.j.c.task_id)).all()
+        jobs = conn.execute(select(sender_jobs.c.operation_id, sender_jobs.c.task_id)).all()
     assert {op for op, task in jobs if task is not None} == {r.operation_id for r in others}
 
 
@@ -348,7 +352,7 @@ def test_requeue_only_before_the_deadline(biz: Engine, offset: int) -> None:
         offset < 0
     )
     with biz.begin() as conn:
-        assert store.requeue(conn, current, now) is (offset < 0)
+        assert dead_letters.requeue(conn, current, now) is (offset < 0)
     assert row(biz, op).state == ("PENDING" if offset < 0 else "REVIEW")
 
 
@@ -443,7 +447,7 @@ def test_hot_statements_use_their_index(business_engine: Engine) -> None:
             ]
             assert relay.record_all(conn, sents, T0, True, []) == ["accepted"] * 8
         with biz.connect() as conn:
-            store.list_rows(conn, state=None, namespace_id=None, limit=5, after=(NS, "0" * 32))
+            listing.list_rows(conn, state=None, namespace_id=None, limit=5, after=(NS, "0" * 32))
     plans = {
         " ".join(statement.split())[:80]: explain(biz, statement, params)[0]
         for statement, params in seen

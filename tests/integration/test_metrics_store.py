@@ -31,7 +31,6 @@ from orbit_tasks.metrics.collector import OrbitCollector
 from orbit_tasks.metrics.families import Snapshot, build
 from orbit_tasks.metrics.sources import BusinessSource, PlatformSource, bounded_engine
 from orbit_tasks.sender import enqueue
-from orbit_tasks.sender import store as sender_store
 from tests.support.cli import orbit_env, run_orbit
 from tests.support.db import mariadb_database, migrated_engine, redis_url
 from tests.support.metrics import HTTP_PORTS, free_port, parse, series, value
@@ -364,8 +363,8 @@ def test_hot_queries_use_their_indexes(platform_engine: Engine, business_engine:
         assert len(pairs) == 12
         loose = _explain(
             conn,
-            select(sender_store.o.c.namespace_id, sender_store.o.c.queue_id).group_by(
-                sender_store.o.c.namespace_id, sender_store.o.c.queue_id
+            select(sender_outbox.c.namespace_id, sender_outbox.c.queue_id).group_by(
+                sender_outbox.c.namespace_id, sender_outbox.c.queue_id
             ),
         )
         assert loose["key"] == "ix_sender_due" and "for group-by" in loose["Extra"], loose

@@ -97,7 +97,7 @@ def trickle_headers_url() -> Iterator[str]:
 
 def test_trickled_headers_are_a_timeout_within_the_total_bound(trickle_headers_url: str) -> None:
     """The bound covers the whole exchange (connect, send, status line, headers, body): the
-    relay's pass limits (orbit_tasks/sender/limits.py) rely on it."""
+    relay's pass limits (orbit_tasks/sender_limits.py) rely on it."""
     with PlatformClient(trickle_headers_url, "orb_test", timeout_seconds=1.0) as client:
         started = time.monotonic()
         result = client.submit("a" * 32, "b" * 32, "op-" + "c" * 32, b"{}")

@@ -16,12 +16,13 @@ import pytest
 from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.orm import Session
 
+from orbit_tasks.db.business_tables import sender_outbox
 from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.faults import driver_code
 from orbit_tasks.errors import TransientError
 from orbit_tasks.sender import InvalidRequest, OutboxConflict, OutboxRetry, enqueue
-from orbit_tasks.sender import store as sender_store
 from orbit_tasks.sender.retention import prune
+from orbit_tasks.sender.store import claims, entries
 from tests.support.outbox_invariants import Answers, check_outbox
 from tests.support.sender import new_op, rows
 
@@ -280,20 +281,20 @@ def test_due_scan_uses_ix_sender_due(business_engine: Engine) -> None:
     with business_engine.connect() as conn:
         now = db_now(conn)
         stmt = (
-            sender_store.o.select()
-            .with_only_columns(sender_store.o.c.operation_id)
+            sender_outbox.select()
+            .with_only_columns(sender_outbox.c.operation_id)
             .where(
-                sender_store.o.c.namespace_id == NS,
-                sender_store.o.c.queue_id == Q,
-                sender_store.o.c.wake_at <= now,
+                sender_outbox.c.namespace_id == NS,
+                sender_outbox.c.queue_id == Q,
+                sender_outbox.c.wake_at <= now,
             )
-            .order_by(sender_store.o.c.wake_at, sender_store.o.c.operation_id)
+            .order_by(sender_outbox.c.wake_at, sender_outbox.c.operation_id)
             .limit(5)
         )
         compiled = stmt.compile(conn, compile_kwargs={"literal_binds": True})
         plan = conn.execute(text(f"EXPLAIN {compiled}")).mappings().all()
         assert plan[0]["key"] == "ix_sender_due", plan
-        assert len(sender_store.due_candidates(conn, NS, Q, now, 5)) == 5
+        assert len(claims.due_candidates(conn, NS, Q, now, 5)) == 5
 
 
 # --- issue 23: the decision "this operation is new" sees committed rows ------------------------
@@ -403,7 +404,7 @@ def test_a_prune_skips_an_operation_found_in_both_tables(
             enqueue(conn, **{**ARGS, "operation_id": op})  # type: ignore[arg-type]
     accept_and_prune(business_engine, NS, ops[0])
     with business_engine.begin() as conn:  # the defect's live row of a pruned operation
-        sender_store.insert_entry(
+        entries.insert_entry(
             conn,
             namespace_id=NS,
             queue_id=Q,

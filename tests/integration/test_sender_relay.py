@@ -15,7 +15,8 @@ from sqlalchemy import Engine, text
 
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.platform.store import TOKEN_PREFIX
-from orbit_tasks.sender import policy, store
+from orbit_tasks.sender import policy
+from orbit_tasks.sender.store import dead_letters, entries
 from tests.support import sender as sender_support
 from tests.support.db import migrated_engine
 from tests.support.sender import (
@@ -131,8 +132,8 @@ def test_queue_not_allowed(world: World, business: tuple[str, Engine]) -> None:
     # After the operator grants the queue, requeue sends them under the same key.
     with engine.begin() as conn:
         for op in ops[1::2]:
-            row = store.get_row(conn, world.ns, op)
-            assert store.requeue(conn, row, db_now(conn))
+            row = entries.get_row(conn, world.ns, op)
+            assert dead_letters.requeue(conn, row, db_now(conn))
     assert everything.run_pass().results == {"accepted": 2}
     # Claimed under a wider identity, checked against the current one before sending.
     more = enqueue_many(engine, world.ns, world.queues[1:2], 2)

@@ -40,8 +40,9 @@ from orbit_tasks.db.history_tables import tasks
 from orbit_tasks.db.migrate import alembic_config, render_sql, upgrade
 from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
-from orbit_tasks.sender import OutboxConflict, enqueue, store
+from orbit_tasks.sender import OutboxConflict, enqueue
 from orbit_tasks.sender.retention import PAGE_ROWS, prune
+from orbit_tasks.sender.store import entries, pruning
 from tests.integration.test_sender_celery import Workers
 from tests.support import sender as sender_support
 from tests.support.cli import REPO, orbit_env, run_orbit
@@ -398,7 +399,7 @@ def test_enqueue_racing_a_prune_gets_one_of_the_two_right_answers(
     ns = secrets.token_hex(16)
     ops = _accepted_directly(engine, ns, 20)
     with engine.connect() as conn:
-        queue = store.get_row(conn, ns, ops[0]).queue_id
+        queue = entries.get_row(conn, ns, ops[0]).queue_id
     marker = tmp_path / "prune-held"
     env = orbit_env(world.platform_url, url)
     proc = _prune_process(env, f"sender.prune.before_commit=hold:{marker}")
@@ -468,8 +469,8 @@ def test_page_scan_and_delete_are_primary_key_ranges_on_mariadb() -> None:
                     )
                 )
             with captured_sql(engine) as seen, engine.connect() as conn:  # rolled back
-                page = store.prune_scan(conn, ns, None, 10)
-                assert store.delete_pruned(conn, ns, page)
+                page = pruning.prune_scan(conn, ns, None, 10)
+                assert pruning.delete_pruned(conn, ns, page)
                 conn.rollback()
             deletes = [(st, pa) for st, pa in seen if st.startswith("DELETE FROM sender_outbox")]
             assert len(deletes) == 1

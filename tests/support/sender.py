@@ -260,7 +260,7 @@ def celery_env(
         CELERY_BROKER_URL=REDIS_URL,
         ORBIT_API_URL=api_url,
         ORBIT_API_TOKEN=token,
-        # HTTP bound: the default the lease allows (1.5 s; orbit_tasks/sender/limits.py).
+        # HTTP bound: the default the lease allows (1.5 s; orbit_tasks/sender_limits.py).
         ORBIT_SENDER_LEASE_SECONDS="8",
         ORBIT_SENDER_CONCURRENCY="8",
         ORBIT_SENDER_TICK_SECONDS="1",

@@ -1,4 +1,4 @@
-"""The time limits of a relay pass derived from the lease (orbit_tasks/sender/limits.py), over
+"""The time limits of a relay pass derived from the lease (orbit_tasks/sender_limits.py), over
 the whole allowed range: a pass always ends on its own before Celery's soft limit."""
 
 from __future__ import annotations

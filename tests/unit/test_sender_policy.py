@@ -325,7 +325,10 @@ def test_presend_check() -> None:
     assert policy.presend_check(**args) is None  # type: ignore[arg-type]
     assert policy.presend_check(**{**args, "request_json": '{"n":1.1}'}) == "DIGEST_MISMATCH"  # type: ignore[arg-type]
     assert policy.presend_check(**{**args, "identity_queues": frozenset()}) == "QUEUE_FORBIDDEN"  # type: ignore[arg-type]
-    assert policy.presend_check(**{**args, "identity_namespace": "e" * 32}) == ""  # type: ignore[arg-type]
+    assert (
+        policy.presend_check(**{**args, "identity_namespace": "e" * 32})  # type: ignore[arg-type]
+        is policy.ReleaseReason.OTHER_NAMESPACE
+    )
     # The frozen key: "op-" + operation id, nothing else.
     assert policy.presend_check(**{**args, "key": "op-" + "e" * 32}) == "DIGEST_MISMATCH"  # type: ignore[arg-type]
     assert policy.presend_check(**{**args, "key": "c" * 32}) == "DIGEST_MISMATCH"  # type: ignore[arg-type]
