@@ -1,0 +1,119 @@
+"""The one test scene of the archive (issue 26 item 5; procrastinate's ``job_factory``, River's
+``testfactory``): a namespace with its queue, a volume (a folder with its identity, registered),
+a plan of one kind over seeded history -- and a delivery of a job by the real runner, in the
+test's thread or in one of its own.
+
+Built on the primitives of :mod:`tests.support.archive_jobs` (``make_namespace``,
+``make_volume``, ``make_plan``, ``seed``, ``create_job``); a test that needs another shape calls
+those directly."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from orbit_tasks.archive.jobs import Job
+from orbit_tasks.settings import Settings
+from tests.support.archive_jobs import MiB, make_namespace, make_plan, make_volume, seed
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scene:
+    """What :func:`archive_scene` made: ids of the namespace, its queue and the storage, the
+    volume's folder and the plan's kind."""
+
+    engine: Engine
+    ns: bytes
+    queue: bytes
+    volume: Path
+    storage: bytes
+    kind: str
+
+    @property
+    def places(self) -> dict[str, Any]:
+        """The ``volumes`` argument of ``run_job``: this storage at its folder."""
+        return {self.storage.hex(): self.volume}
+
+
+def archive_scene(
+    engine: Engine,
+    *,
+    name: str,
+    volume: Path,
+    kind: str = "tasks",
+    roots: int = 30,
+    batch_size: int = 5,
+    max_bytes: int = 64 * MiB,
+    archive_after: int = 3600,
+    label: str = "",
+) -> Scene:
+    """A namespace ``name`` with a queue, the volume at ``volume`` (labelled ``label``), an
+    enabled plan of ``kind`` on it and ``roots`` seeded roots of history (none when 0)."""
+    ns, queue = make_namespace(engine, name)
+    storage = make_volume(engine, volume, label)
+    make_plan(
+        engine,
+        ns,
+        kind,
+        storage,
+        batch_size=batch_size,
+        max_bytes=max_bytes,
+        archive_after=archive_after,
+    )
+    if roots:
+        seed(engine, ns, queue, kind, roots)
+    return Scene(engine=engine, ns=ns, queue=queue, volume=volume, storage=storage, kind=kind)
+
+
+def no_publish(*_args: Any, **_kwargs: Any) -> None:
+    """A ``publish`` that sends no wake-up (the test delivers the job itself)."""
+
+
+def deliver(
+    job: Job,
+    places: dict[str, Any],
+    settings: Settings,
+    *,
+    engine: Engine,
+    publish: Callable[..., None] | None = no_publish,
+    **kwargs: Any,
+) -> str:
+    """One delivery of ``job`` by the real runner (the same code as the Celery task); returns
+    its outcome. ``publish=None`` leaves the runner's own default."""
+    from orbit_tasks.archive.engine import runner
+
+    if publish is not None:
+        kwargs["publish"] = publish
+    return runner.run_job(
+        job.namespace_id.hex(), job.id.hex(), places, settings, engine=engine, **kwargs
+    )
+
+
+@dataclass
+class DeliveryThread:
+    """A delivery running in a thread of its own; ``outcome`` holds its outcome once it ended."""
+
+    thread: threading.Thread
+    outcome: list[str] = field(default_factory=list)
+
+    def join(self, timeout: float) -> list[str]:
+        self.thread.join(timeout)
+        return self.outcome
+
+
+def deliver_in_thread(
+    job: Job, places: dict[str, Any], settings: Settings, *, engine: Engine, **kwargs: Any
+) -> DeliveryThread:
+    """Start :func:`deliver` in a thread and return at once (the test acts while it runs)."""
+    outcome: list[str] = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(deliver(job, places, settings, engine=engine, **kwargs))
+    )
+    running = DeliveryThread(thread, outcome)
+    thread.start()
+    return running
