@@ -45,15 +45,8 @@ SLICE = 1
 
 
 @pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(
-        mariadb_url,
-        platform_engine,
-        tmp_path,
-        ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE),
-        ORBIT_ARCHIVE_SLICE_SECONDS=str(SLICE),
-    ) as env:
-        yield env
+def archive_overrides() -> dict[str, str]:
+    return {"ORBIT_ARCHIVE_LEASE_SECONDS": str(LEASE), "ORBIT_ARCHIVE_SLICE_SECONDS": str(SLICE)}
 
 
 def tick_until(ae: ArchiveEnv, pred: object, timeout: float, what: str, every: float = 0.5):  # type: ignore[no-untyped-def]
