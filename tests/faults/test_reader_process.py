@@ -11,14 +11,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
 
 from orbit_tasks.archive.claims import file_cap
 from orbit_tasks.archive.engine import reader_process, runner
@@ -29,7 +26,6 @@ from orbit_tasks.db.engine import db_now
 from orbit_tasks.errors import ReaderLost, TransientError
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
     make_namespace,
@@ -45,12 +41,6 @@ from tests.support.archive_jobs import (
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
 DONE = {JobState.SUCCEEDED, JobState.FAILED}
-
-
-@pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
 
 
 def _setup(ae: ArchiveEnv, name: str, kind: str, roots: int, batch: int) -> tuple:
