@@ -13,7 +13,6 @@ import random
 import re
 import tracemalloc
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from orbit_tasks.archive.jobs import JobState
 from tests.support.archive_chain import build_chain, record
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
     make_namespace,
@@ -39,12 +37,6 @@ from tests.support.archive_jobs import (
 )
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
-
-
-@pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
 
 
 class _Statements:
