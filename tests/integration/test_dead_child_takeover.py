@@ -11,17 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
 
 from orbit_tasks.archive.engine import claim_marks
 from orbit_tasks.archive.jobs import Job, JobState
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
     make_namespace,
@@ -37,15 +34,11 @@ TAKEOVER_WITHIN = 20.0  # seconds from the child's death to the next claim (shar
 
 
 @pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(
-        mariadb_url,
-        platform_engine,
-        tmp_path,
-        ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE),
-        ORBIT_ARCHIVE_SLICE_SECONDS="60",  # one claim chain holds the job for the whole test
-    ) as env:
-        yield env
+def archive_overrides() -> dict[str, str]:
+    return {
+        "ORBIT_ARCHIVE_LEASE_SECONDS": str(LEASE),
+        "ORBIT_ARCHIVE_SLICE_SECONDS": "60",  # one claim chain holds the job for the whole test
+    }
 
 
 def _held_mark(ae: ArchiveEnv, job: Job) -> claim_marks.Mark | None:
