@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import func, select, update
 
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.store import plans as plan_store
@@ -24,7 +23,6 @@ from orbit_tasks.db.platform_tables import archive_plans, namespaces
 from orbit_tasks.errors import IllegalState
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
     make_due,
@@ -40,12 +38,6 @@ pytestmark = pytest.mark.mariadb
 
 P = archive_plans.c
 DAY = 86400
-
-
-@pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
 
 
 def _setup(ae: ArchiveEnv, name: str, roots: int = 30) -> tuple[bytes, Path]:
