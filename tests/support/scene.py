@@ -35,6 +35,11 @@ class Scene:
     kind: str
 
     @property
+    def parts(self) -> tuple[bytes, bytes, Path, bytes]:
+        """``ns, queue, volume, storage``: to unpack into the names a test uses."""
+        return self.ns, self.queue, self.volume, self.storage
+
+    @property
     def places(self) -> dict[str, Any]:
         """The ``volumes`` argument of ``run_job``: this storage at its folder."""
         return {self.storage.hex(): self.volume}
@@ -53,7 +58,7 @@ def archive_scene(
     label: str = "",
 ) -> Scene:
     """A namespace ``name`` with a queue, the volume at ``volume`` (labelled ``label``), an
-    enabled plan of ``kind`` on it and ``roots`` seeded roots of history (none when 0)."""
+    enabled plan of ``kind`` on it and ``roots`` seeded roots of history."""
     ns, queue = make_namespace(engine, name)
     storage = make_volume(engine, volume, label)
     make_plan(
@@ -65,8 +70,7 @@ def archive_scene(
         max_bytes=max_bytes,
         archive_after=archive_after,
     )
-    if roots:
-        seed(engine, ns, queue, kind, roots)
+    seed(engine, ns, queue, kind, roots)
     return Scene(engine=engine, ns=ns, queue=queue, volume=volume, storage=storage, kind=kind)
 
 
