@@ -40,13 +40,13 @@ from tests.support.archive_jobs import (
     make_namespace,
     make_plan,
     make_volume,
-    seed,
     tick_wait,
     wait_for,
     wait_marker,
     wait_state,
 )
 from tests.support.fs import small_tmpfs
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
@@ -54,12 +54,15 @@ DONE = {JobState.SUCCEEDED, JobState.FAILED}
 
 
 def _setup(ae: ArchiveEnv, name: str, roots: int = 30, batch: int = 5, **plan: Any) -> tuple:
-    ns, q = make_namespace(ae.engine, name)
-    vol = ae.tmp / f"vol-{name}"
-    sid = make_volume(ae.engine, vol, name)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=batch, **plan)
-    seed(ae.engine, ns, q, "tasks", roots)
-    return ns, q, vol, sid
+    return archive_scene(
+        ae.engine,
+        name=name,
+        volume=ae.tmp / f"vol-{name}",
+        label=name,
+        roots=roots,
+        batch_size=batch,
+        **plan,
+    ).parts
 
 
 def _confirmed(snapshot: dict[str, bytes], job: Job) -> dict[str, bytes]:
