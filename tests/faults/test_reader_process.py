@@ -28,15 +28,12 @@ from tests.support.archive_jobs import (
     ArchiveEnv,
     assert_succeeded_exactly,
     create_job,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     tick_wait,
     wait_for,
     wait_marker,
     wait_state,
 )
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
@@ -44,11 +41,15 @@ DONE = {JobState.SUCCEEDED, JobState.FAILED}
 
 
 def _setup(ae: ArchiveEnv, name: str, kind: str, roots: int, batch: int) -> tuple:
-    ns, q = make_namespace(ae.engine, name)
-    vol = ae.tmp / f"vol-{name}"
-    sid = make_volume(ae.engine, vol, name)
-    make_plan(ae.engine, ns, kind, sid, batch_size=batch)
-    seed(ae.engine, ns, q, kind, roots)
+    ns, q, vol, sid = archive_scene(
+        ae.engine,
+        name=name,
+        volume=ae.tmp / f"vol-{name}",
+        kind=kind,
+        roots=roots,
+        batch_size=batch,
+        label=name,
+    ).parts
     return ns, vol, sid
 
 
