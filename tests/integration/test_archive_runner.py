@@ -35,6 +35,7 @@ from tests.support.archive_jobs import (
     make_volume,
     seed,
 )
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
@@ -132,11 +133,9 @@ def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) ->
     """ORBIT_ARCHIVE_READER=process (the default on MariaDB): the runner's connection counts
     the manifest's roots (and samples the range's size) and confirms; every batch's keyset read
     runs in the reader process."""
-    ns, q = make_namespace(ae.engine, "byprocess")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=10)
-    seed(ae.engine, ns, q, "tasks", 400)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="byprocess", volume=ae.tmp / "vol", roots=400, batch_size=10
+    ).parts
     job = create_job(ae, ns, "tasks")
     stmts = _Statements(ae.engine)
     try:
@@ -164,11 +163,9 @@ def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
     from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.db.engine import FixedClock, db_now
 
-    ns, q = make_namespace(ae.engine, "takeover")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 60)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="takeover", volume=ae.tmp / "vol", roots=60, batch_size=5
+    ).parts
     job = create_job(ae, ns, "tasks")
 
     def run(**over: Any) -> str:
@@ -217,11 +214,9 @@ def test_a_stalled_takeover_is_counted_as_a_takeover_and_a_stall(ae: ArchiveEnv)
     from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.db.engine import FixedClock, db_now
 
-    ns, q = make_namespace(ae.engine, "stalled")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 20)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="stalled", volume=ae.tmp / "vol", roots=20, batch_size=5
+    ).parts
     job = create_job(ae, ns, "tasks")
 
     def run(**over: Any) -> str:
@@ -296,11 +291,9 @@ def test_a_value_that_cannot_be_encoded_fails_only_after_the_files_before_it(
         pass
     engine = make_engine(url)
     try:
-        ns, q = make_namespace(engine, "invalid")
-        vol = tmp_path / "vol"
-        sid = make_volume(engine, vol)
-        make_plan(engine, ns, "tasks", sid, batch_size=5)
-        seed(engine, ns, q, "tasks", 40)
+        ns, q, vol, sid = archive_scene(
+            engine, name="invalid", volume=tmp_path / "vol", roots=40, batch_size=5
+        ).parts
         with engine.connect() as conn:
             ids = [
                 r[0]
