@@ -21,13 +21,10 @@ from tests.support.archive_jobs import (
     ArchiveEnv,
     assert_succeeded_exactly,
     create_job,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     wait_for,
     wait_state,
 )
+from tests.support.scene import archive_scene
 
 LEASE = 120  # the default lease: waiting it out would take over two minutes
 TAKEOVER_WITHIN = 20.0  # seconds from the child's death to the next claim (shared CPU: generous)
@@ -55,11 +52,14 @@ def _held_mark(ae: ArchiveEnv, job: Job) -> claim_marks.Mark | None:
 def test_a_sigkilled_pool_child_is_taken_over_in_seconds_and_the_job_verifies(
     ae: ArchiveEnv,
 ) -> None:
-    ns, q = make_namespace(ae.engine, "childkill")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol, "childkill")
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 60)
+    ns, q, vol, sid = archive_scene(
+        ae.engine,
+        name="childkill",
+        volume=ae.tmp / "vol",
+        roots=60,
+        batch_size=5,
+        label="childkill",
+    ).parts
     # every confirm takes a while: the test kills the child in the middle of its chain
     w = ae.worker("w", [vol], failpoints="archive.after_confirm=sleep:0.4")
     job = create_job(ae, ns, "tasks")
