@@ -26,13 +26,10 @@ from tests.support.archive_jobs import (
     assert_succeeded_exactly,
     create_job,
     make_due,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     wait_for,
 )
 from tests.support.cli import assert_one_line_error
+from tests.support.scene import archive_scene
 
 pytestmark = pytest.mark.mariadb
 
@@ -41,11 +38,9 @@ DAY = 86400
 
 
 def _setup(ae: ArchiveEnv, name: str, roots: int = 30) -> tuple[bytes, Path]:
-    ns, q = make_namespace(ae.engine, name)
-    vol = ae.tmp / f"vol-{name}"
-    sid = make_volume(ae.engine, vol, name)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", roots)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name=name, volume=ae.tmp / f"vol-{name}", roots=roots, batch_size=5, label=name
+    ).parts
     return ns, vol
 
 
