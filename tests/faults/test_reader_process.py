@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -33,7 +32,7 @@ from tests.support.archive_jobs import (
     wait_marker,
     wait_state,
 )
-from tests.support.scene import archive_scene
+from tests.support.scene import archive_scene, deliver, deliver_in_thread
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
@@ -154,23 +153,10 @@ def test_a_killed_reader_process_is_transient_and_a_takeover_finishes(
     reader_process.discard_spare()  # the next spare starts with that environment
     job = create_job(ae, ns, "tasks")
     settings = ae.settings.with_overrides(archive_reader="process")
-    outcome: list[str] = []
-    t = threading.Thread(
-        target=lambda: outcome.append(
-            runner.run_job(
-                ns.hex(),
-                job.id.hex(),
-                {sid.hex(): vol},
-                settings,
-                engine=ae.engine,
-                publish=lambda *a, **k: None,
-            )  # fmt: skip
-        )
-    )
-    t.start()
+    delivery = deliver_in_thread(job, {sid.hex(): vol}, settings, engine=ae.engine)
     reader_pid = wait_marker(marker)
     os.kill(reader_pid, signal.SIGKILL)
-    t.join(60)
+    outcome = delivery.join(60)
     assert outcome == [runner.Outcome.TRANSIENT]
     stopped = ae.job(ns, job.id)
     assert stopped.state is JobState.RUNNING and not stopped.error_code
@@ -178,10 +164,7 @@ def test_a_killed_reader_process_is_transient_and_a_takeover_finishes(
     reader_process.discard_spare()
     assert stopped.lease_until is not None
     time.sleep(max(0.0, (stopped.lease_until - _db_now(ae)).total_seconds()) + 0.2)
-    again = runner.run_job(
-        ns.hex(), job.id.hex(), {sid.hex(): vol}, settings, engine=ae.engine,
-        publish=lambda *a, **k: None,
-    )  # fmt: skip
+    again = deliver(job, {sid.hex(): vol}, settings, engine=ae.engine)
     assert again == runner.Outcome.SUCCEEDED
     done = ae.job(ns, job.id)
     assert done.attempts == done.batches + 2  # the claim whose reader died, then one takeover
