@@ -35,7 +35,7 @@ from tests.support.archive_jobs import (
     wait_state,
 )
 from tests.support.metrics import running_exporter, value
-from tests.support.scene import archive_scene
+from tests.support.scene import archive_scene, deliver_in_thread
 from tests.support.schema import mariadb_snapshot
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
@@ -673,7 +673,6 @@ def test_a_pause_while_a_job_sleeps_its_throttle_turn_keeps_it_unclaimed(
     seen before the claim: the job waits `paused`, unclaimed (attempts 0, no batch), instead
     of being claimed after the pause and writing a batch before its first boundary says so."""
     from orbit_tasks.archive.controls import ControlKind, Scope
-    from orbit_tasks.archive.engine import runner
     from orbit_tasks.archive.store import controls as control_store
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
@@ -690,26 +689,13 @@ def test_a_pause_while_a_job_sleeps_its_throttle_turn_keeps_it_unclaimed(
         settings = ae.settings.with_overrides(archive_slice_seconds=14)
         with platform_engine.connect() as conn:
             control_store.take_budget(conn, Scope(storage_id=sid).key, 40, 10)  # 4 s ahead
-        outcome: list[str] = []
-        t = threading.Thread(
-            target=lambda: outcome.append(
-                runner.run_job(
-                    ns.hex(),
-                    job.id.hex(),
-                    {sid.hex(): vol},
-                    settings,
-                    engine=platform_engine,
-                    publish=lambda *a, **k: None,
-                )  # fmt: skip
-            )
-        )
-        t.start()
+        delivery = deliver_in_thread(job, {sid.hex(): vol}, settings, engine=platform_engine)
         time.sleep(1.5)  # the job sleeps its turn, holding no claim
         with platform_engine.begin() as conn:
             control_store.change(
                 conn, control_store.Change(ControlKind.PAUSE, Scope(), reason="now"), actor="t"
             )
-        t.join(30)
+        outcome = delivery.join(30)
         j = ae.job(ns, job.id)
         assert outcome == ["waiting"], (outcome, j)
         assert (j.state, j.attempts, j.batches) == (JobState.PENDING, 0, 0), j
