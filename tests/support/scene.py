@@ -47,11 +47,6 @@ class Scene:
         """``ns, queue, volume, storage``: to unpack into the names a test uses."""
         return self.ns, self.queue, self.volume, self.storage
 
-    @property
-    def places(self) -> dict[str, Any]:
-        """The ``volumes`` argument of ``run_job``: this storage at its folder."""
-        return {self.storage.hex(): self.volume}
-
 
 def archive_scene(
     engine: Engine,
@@ -64,9 +59,11 @@ def archive_scene(
     max_bytes: int = 64 * MiB,
     archive_after: int = 3600,
     label: str = "",
+    history_seed: int = 1,
 ) -> Scene:
     """A namespace ``name`` with a queue, the volume at ``volume`` (labelled ``label``), an
-    enabled plan of ``kind`` on it and ``roots`` seeded roots of history."""
+    enabled plan of ``kind`` on it and ``roots`` roots of history seeded by the generator
+    (``history_seed``: its random seed)."""
     ns, queue = make_namespace(engine, name)
     storage = make_volume(engine, volume, label)
     make_plan(
@@ -78,7 +75,7 @@ def archive_scene(
         max_bytes=max_bytes,
         archive_after=archive_after,
     )
-    seed(engine, ns, queue, kind, roots)
+    seed(engine, ns, queue, kind, roots, history_seed)
     return Scene(engine=engine, ns=ns, queue=queue, volume=volume, storage=storage, kind=kind)
 
 
