@@ -30,10 +30,6 @@ from tests.support.archive_jobs import (
     ArchiveEnv,
     assert_succeeded_exactly,
     create_job,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
 )
 from tests.support.scene import archive_scene
 
@@ -74,11 +70,10 @@ class _Statements:
 def test_statements_listings_and_reads_per_batch_stay_constant(
     ae: ArchiveEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ns, q = make_namespace(ae.engine, "perbatch")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=10)
-    seed(ae.engine, ns, q, "tasks", 800)  # ~640 settled roots: ~64 batches
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="perbatch", volume=ae.tmp / "vol", batch_size=10,
+        roots=800,  # ~640 settled roots: ~64 batches
+    ).parts  # fmt: skip
     job = create_job(ae, ns, "tasks")
     listings: list[str] = []
     reads: list[str] = []
