@@ -11,6 +11,8 @@ from sqlalchemy import Engine
 from orbit_tasks.db.engine import make_engine
 from tests.support.db import mariadb_database, migrated_engine
 
+pytest_plugins = ["tests.support.fixtures"]  # ae, workers, beat, business_db: the test scene
+
 # enqueue() publishes a sender wake-up after each commit (docs/sender.md). The tests' own process
 # has no broker of its own (the filesystem default would collect wake-ups in ./var/broker), so it
 # is off here; tests/integration/test_sender_wakeup.py turns it on with the broker it means.

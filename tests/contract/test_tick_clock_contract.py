@@ -11,11 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy import Engine, delete, insert, update
 
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.tick import TickReport, run_tick
@@ -23,11 +22,11 @@ from orbit_tasks.archive.wakeups import Publisher
 from orbit_tasks.db.engine import FixedClock
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.ids import new_id
-from orbit_tasks.platform import store
 from orbit_tasks.queues import queue_name
 from orbit_tasks.settings import load_settings
 from tests.support import tick as tick_support
 from tests.support.db import redis_url
+from tests.support.scene import PlanScene
 
 REDIS_URL = redis_url(2)
 US = dt.timedelta(microseconds=1)
@@ -47,41 +46,16 @@ rds = tick_support.rds
 publisher = tick_support.publisher
 
 
-class Plan:
+class Plan(PlanScene):
     """One ACTIVE namespace, one registered storage, one enabled hourly ``tasks`` plan created
     at ``T`` (first enable is due immediately: ``next_run_at == T``)."""
 
     def __init__(self, engine: Engine, interval: int = 3600) -> None:
-        self.engine = engine
-        self.storage = new_id()
-        with engine.begin() as conn:
-            self.ns = store.create_namespace(conn, "clock")
-            store.register_storage(conn, self.storage, "vol")
-            store.add_policy_revision(conn, self.ns, "tasks", 7 * 86400, "test")
-            plan_store.set_plan(
-                conn,
-                self.ns,
-                "tasks",
-                storage_id=self.storage,
-                interval=interval,
-                batch_size=10,
-                max_bytes=MIB,
-                policy_revision=1,
-                enabled=True,
-                expect_revision=None,
-                now=T,
-                actor="test",
-            )
+        super().__init__(engine, name="clock", label="vol", actor="test")
+        self.set(interval=interval, batch_size=10, max_bytes=MIB, now=T)
 
     def row(self) -> plan_store.Plan:
-        with self.engine.connect() as conn:
-            plan = plan_store.get_plan(conn, self.ns, "tasks")
-        assert plan is not None
-        return plan
-
-    def jobs(self) -> list[Any]:
-        with self.engine.connect() as conn:
-            return list(conn.execute(select(archive_jobs).order_by(archive_jobs.c.created_at)))
+        return self.plan()
 
     def reset(self, next_run_at: dt.datetime, active_job_id: bytes | None = None) -> None:
         """Test set-up: no jobs, the given schedule (as after a finished job)."""

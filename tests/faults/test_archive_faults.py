@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import func, insert, select
 
 from orbit_tasks.archive.engine import budget
 from orbit_tasks.archive.engine.volume import job_dir, write_identity
@@ -33,7 +33,6 @@ from tests.support.archive_jobs import (
     ArchiveEnv,
     MiB,
     adoption_race,
-    archive_env,
     assert_succeeded_exactly,
     cli_json,
     create_job,
@@ -41,32 +40,29 @@ from tests.support.archive_jobs import (
     make_namespace,
     make_plan,
     make_volume,
-    seed,
     tick_wait,
     wait_for,
     wait_marker,
     wait_state,
 )
 from tests.support.fs import small_tmpfs
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
 DONE = {JobState.SUCCEEDED, JobState.FAILED}
 
 
-@pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
-
-
 def _setup(ae: ArchiveEnv, name: str, roots: int = 30, batch: int = 5, **plan: Any) -> tuple:
-    ns, q = make_namespace(ae.engine, name)
-    vol = ae.tmp / f"vol-{name}"
-    sid = make_volume(ae.engine, vol, name)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=batch, **plan)
-    seed(ae.engine, ns, q, "tasks", roots)
-    return ns, q, vol, sid
+    return archive_scene(
+        ae.engine,
+        name=name,
+        volume=ae.tmp / f"vol-{name}",
+        label=name,
+        roots=roots,
+        batch_size=batch,
+        **plan,
+    ).parts
 
 
 def _confirmed(snapshot: dict[str, bytes], job: Job) -> dict[str, bytes]:

@@ -29,14 +29,13 @@ from tests.support.archive_jobs import (
     archive_env,
     assert_succeeded_exactly,
     create_job,
-    make_namespace,
     make_plan,
-    make_volume,
     seed,
     wait_for,
     wait_marker,
 )
 from tests.support.db import migrated_engine, open_write_transactions
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
@@ -45,15 +44,8 @@ SLICE = 1
 
 
 @pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(
-        mariadb_url,
-        platform_engine,
-        tmp_path,
-        ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE),
-        ORBIT_ARCHIVE_SLICE_SECONDS=str(SLICE),
-    ) as env:
-        yield env
+def archive_overrides() -> dict[str, str]:
+    return {"ORBIT_ARCHIVE_LEASE_SECONDS": str(LEASE), "ORBIT_ARCHIVE_SLICE_SECONDS": str(SLICE)}
 
 
 def tick_until(ae: ArchiveEnv, pred: object, timeout: float, what: str, every: float = 0.5):  # type: ignore[no-untyped-def]
@@ -72,11 +64,9 @@ def tick_until(ae: ArchiveEnv, pred: object, timeout: float, what: str, every: f
 
 
 def test_frozen_holder_of_the_job_row_is_taken_over_after_the_lease(ae: ArchiveEnv) -> None:
-    ns, q = make_namespace(ae.engine, "frozen")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol, "frozen")
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 20)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="frozen", volume=ae.tmp / "vol", roots=20, batch_size=5, label="frozen"
+    ).parts
     marker = ae.tmp / "holding"
     # solo pool: the late COMMIT runs when the node comes back (a prefork parent would first
     # fire the overdue soft time limit inside the child, which rolls back as well)
@@ -162,11 +152,9 @@ def test_a_holder_cut_off_by_the_network_is_taken_over_and_serves_again_after_he
     net: tuple[ArchiveEnv, list[netns.Host]],
 ) -> None:
     ae, (host_a, host_b) = net
-    ns, q = make_namespace(ae.engine, "cut")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol, "cut")
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 20)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="cut", volume=ae.tmp / "vol", roots=20, batch_size=5, label="cut"
+    ).parts
     seed(ae.engine, ns, q, "events", 20)
     marker = ae.tmp / "holding"
     holder = ae.worker(
@@ -249,11 +237,9 @@ def test_sqlite_a_frozen_holder_of_the_write_lock_delays_everyone_until_it_resum
             url, engine, tmp_path,
             ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE), ORBIT_ARCHIVE_SLICE_SECONDS=str(SLICE),
         ) as ae:  # fmt: skip
-            ns, q = make_namespace(engine, "lite")
-            vol = tmp_path / "vol"
-            sid = make_volume(engine, vol, "lite")
-            make_plan(engine, ns, "tasks", sid, batch_size=5)
-            seed(engine, ns, q, "tasks", 20)
+            ns, q, vol, sid = archive_scene(
+                engine, name="lite", volume=tmp_path / "vol", roots=20, batch_size=5, label="lite"
+            ).parts
             marker = tmp_path / "holding"
             frozen = ae.worker(
                 "frozen", [vol], failpoints=f"archive.finalize.before_commit=hold:{marker}",
@@ -302,11 +288,14 @@ def test_after_a_redis_restart_work_resumes_within_one_tick(
     with netns.private_redis_server() as broker, archive_env(
         mariadb_url, platform_engine, tmp_path, broker=f"redis://127.0.0.1:{broker.port}/0",
     ) as ae:  # fmt: skip
-        ns, q = make_namespace(ae.engine, "restart")
-        vol = tmp_path / "vol"
-        sid = make_volume(ae.engine, vol, "restart")
-        make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-        seed(ae.engine, ns, q, "tasks", 10)
+        ns, q, vol, sid = archive_scene(
+            ae.engine,
+            name="restart",
+            volume=tmp_path / "vol",
+            roots=10,
+            batch_size=5,
+            label="restart",
+        ).parts
         w = ae.worker("w", [vol])
         broker.restart(down_seconds=13)  # the worker has been failing to reconnect for 13 s
         back = time.monotonic()

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
 
 from orbit_tasks.archive.claims import file_cap
 from orbit_tasks.archive.engine import reader_process, runner
@@ -29,36 +25,30 @@ from orbit_tasks.db.engine import db_now
 from orbit_tasks.errors import ReaderLost, TransientError
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     tick_wait,
     wait_for,
     wait_marker,
     wait_state,
 )
+from tests.support.scene import archive_scene, deliver, deliver_in_thread
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
 DONE = {JobState.SUCCEEDED, JobState.FAILED}
 
 
-@pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
-
-
 def _setup(ae: ArchiveEnv, name: str, kind: str, roots: int, batch: int) -> tuple:
-    ns, q = make_namespace(ae.engine, name)
-    vol = ae.tmp / f"vol-{name}"
-    sid = make_volume(ae.engine, vol, name)
-    make_plan(ae.engine, ns, kind, sid, batch_size=batch)
-    seed(ae.engine, ns, q, kind, roots)
+    ns, q, vol, sid = archive_scene(
+        ae.engine,
+        name=name,
+        volume=ae.tmp / f"vol-{name}",
+        kind=kind,
+        roots=roots,
+        batch_size=batch,
+        label=name,
+    ).parts
     return ns, vol, sid
 
 
@@ -163,23 +153,10 @@ def test_a_killed_reader_process_is_transient_and_a_takeover_finishes(
     reader_process.discard_spare()  # the next spare starts with that environment
     job = create_job(ae, ns, "tasks")
     settings = ae.settings.with_overrides(archive_reader="process")
-    outcome: list[str] = []
-    t = threading.Thread(
-        target=lambda: outcome.append(
-            runner.run_job(
-                ns.hex(),
-                job.id.hex(),
-                {sid.hex(): vol},
-                settings,
-                engine=ae.engine,
-                publish=lambda *a, **k: None,
-            )  # fmt: skip
-        )
-    )
-    t.start()
+    delivery = deliver_in_thread(job, {sid.hex(): vol}, settings, engine=ae.engine)
     reader_pid = wait_marker(marker)
     os.kill(reader_pid, signal.SIGKILL)
-    t.join(60)
+    outcome = delivery.join(60)
     assert outcome == [runner.Outcome.TRANSIENT]
     stopped = ae.job(ns, job.id)
     assert stopped.state is JobState.RUNNING and not stopped.error_code
@@ -187,10 +164,7 @@ def test_a_killed_reader_process_is_transient_and_a_takeover_finishes(
     reader_process.discard_spare()
     assert stopped.lease_until is not None
     time.sleep(max(0.0, (stopped.lease_until - _db_now(ae)).total_seconds()) + 0.2)
-    again = runner.run_job(
-        ns.hex(), job.id.hex(), {sid.hex(): vol}, settings, engine=ae.engine,
-        publish=lambda *a, **k: None,
-    )  # fmt: skip
+    again = deliver(job, {sid.hex(): vol}, settings, engine=ae.engine)
     assert again == runner.Outcome.SUCCEEDED
     done = ae.job(ns, job.id)
     assert done.attempts == done.batches + 2  # the claim whose reader died, then one takeover

@@ -35,6 +35,7 @@ from tests.support.archive_jobs import (
     wait_state,
 )
 from tests.support.metrics import running_exporter, value
+from tests.support.scene import archive_scene, deliver_in_thread
 from tests.support.schema import mariadb_snapshot
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
@@ -79,11 +80,14 @@ def test_pause_stops_a_running_job_within_one_batch_then_resume_finishes(
         mariadb_url, platform_engine, tmp_path,
         ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE), ORBIT_ARCHIVE_SLICE_SECONDS="1",
     ) as ae:  # fmt: skip
-        ns, q = make_namespace(platform_engine, "pause")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=5)
-        seed(platform_engine, ns, q, "events", 400)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="pause",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=400,
+            batch_size=5,
+        ).parts
         w = ae.worker("pause", [vol], failpoints=SLOW_FILE)
         job = create_job(ae, ns, "events")
         wait_for(lambda: ae.job(ns, job.id).batches >= 4, 60, "four batches")
@@ -188,11 +192,14 @@ def test_a_run_window_that_closes_mid_job(
     finish (on a worker without the slow files). The default test lease (6 s): a loaded machine
     does not push a claim of this slow job past a 2 s soft limit."""
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "window")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=5)
-        seed(platform_engine, ns, q, "events", 3000)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="window",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=3000,
+            batch_size=5,
+        ).parts
         with platform_engine.connect() as conn:
             now = db_now(conn)
         if now.second > 45:  # at least 15 s of work before the window closes
@@ -235,11 +242,14 @@ def test_load_guard_waits_db_load_then_finishes(
     the job wait `db_load` without a claim; the exporter counts it; a worker with a higher
     threshold finishes it."""
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "load")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=10)
-        seed(platform_engine, ns, q, "events", 50)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="load",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=50,
+            batch_size=10,
+        ).parts
         busy = ae.worker("busy", [vol], extra_env={"ORBIT_ARCHIVE_MAX_THREADS_RUNNING": "0"})
         job = create_job(ae, ns, "events")
         wait_for(lambda: "archive.job.waiting" in busy.text(), 30, "the worker saw the load")
@@ -273,11 +283,14 @@ def test_load_guard_stops_a_running_claim_when_the_server_gets_busy(
         mariadb_url, platform_engine, tmp_path,
         ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE), ORBIT_ARCHIVE_SLICE_SECONDS="1",
     ) as ae:  # fmt: skip
-        ns, q = make_namespace(platform_engine, "load-mid")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=5)
-        seed(platform_engine, ns, q, "events", 1500)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="load-mid",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=1500,
+            batch_size=5,
+        ).parts
         env = {"ORBIT_ARCHIVE_MAX_THREADS_RUNNING": str(threshold)}
         slow = ae.worker("mid", [vol], failpoints=SLOW_FILE, extra_env=env)
         job = create_job(ae, ns, "events")
@@ -470,11 +483,14 @@ def test_a_throttled_job_joins_the_budget_queue_instead_of_starving(
 
     rate = 100
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "thr-queue")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=10)
-        seed(platform_engine, ns, q, "events", 300)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="thr-queue",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=300,
+            batch_size=10,
+        ).parts
         job = create_job(ae, ns, "events")
         ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", str(rate))
         key = Scope(storage_id=sid).key
@@ -523,11 +539,14 @@ def test_window_boundaries_before_a_claim_and_at_a_batch_boundary(
     from orbit_tasks.db.engine import FixedClock
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "win-exact")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=5)
-        seed(platform_engine, ns, q, "events", 4000)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="win-exact",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=4000,
+            batch_size=5,
+        ).parts
         job = create_job(ae, ns, "events")
         ae.orbit("archive", "window", "--storage", sid.hex(), "01:00-06:00")
         day = job.created_at.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -615,11 +634,14 @@ def test_a_throttled_stop_wakes_a_continuation_that_takes_its_turn(
     from orbit_tasks.archive.engine import runner
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "thr-cont")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=30)
-        seed(platform_engine, ns, q, "events", 600)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="thr-cont",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=600,
+            batch_size=30,
+        ).parts
         job = create_job(ae, ns, "events")
         ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "10")
         settings = ae.settings.with_overrides(archive_slice_seconds=14)
@@ -651,40 +673,29 @@ def test_a_pause_while_a_job_sleeps_its_throttle_turn_keeps_it_unclaimed(
     seen before the claim: the job waits `paused`, unclaimed (attempts 0, no batch), instead
     of being claimed after the pause and writing a batch before its first boundary says so."""
     from orbit_tasks.archive.controls import ControlKind, Scope
-    from orbit_tasks.archive.engine import runner
     from orbit_tasks.archive.store import controls as control_store
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "thr-pause")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=10)
-        seed(platform_engine, ns, q, "events", 100)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="thr-pause",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=100,
+            batch_size=10,
+        ).parts
         job = create_job(ae, ns, "events")
         ae.orbit("archive", "throttle", "--storage", sid.hex(), "--max-roots-per-second", "10")
         settings = ae.settings.with_overrides(archive_slice_seconds=14)
         with platform_engine.connect() as conn:
             control_store.take_budget(conn, Scope(storage_id=sid).key, 40, 10)  # 4 s ahead
-        outcome: list[str] = []
-        t = threading.Thread(
-            target=lambda: outcome.append(
-                runner.run_job(
-                    ns.hex(),
-                    job.id.hex(),
-                    {sid.hex(): vol},
-                    settings,
-                    engine=platform_engine,
-                    publish=lambda *a, **k: None,
-                )  # fmt: skip
-            )
-        )
-        t.start()
+        delivery = deliver_in_thread(job, {sid.hex(): vol}, settings, engine=platform_engine)
         time.sleep(1.5)  # the job sleeps its turn, holding no claim
         with platform_engine.begin() as conn:
             control_store.change(
                 conn, control_store.Change(ControlKind.PAUSE, Scope(), reason="now"), actor="t"
             )
-        t.join(30)
+        outcome = delivery.join(30)
         j = ae.job(ns, job.id)
         assert outcome == ["waiting"], (outcome, j)
         assert (j.state, j.attempts, j.batches) == (JobState.PENDING, 0, 0), j

@@ -30,6 +30,7 @@ from tests.support.archive_jobs import (
     seed,
     wait_state,
 )
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
@@ -114,11 +115,14 @@ def test_time_slice_releases_and_continues(
     """With a zero slice every confirm releases the job to PENDING and publishes a continuation;
     the job still ends SUCCEEDED with attempts == batches + 1."""
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "slice")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=4)
-        seed(platform_engine, ns, q, "events", 15)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="slice",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=15,
+            batch_size=4,
+        ).parts
         job = create_job(ae, ns, "events")
         published: list[bytes] = []
         settings = ae.settings.with_overrides(archive_slice_seconds=0)
@@ -168,11 +172,14 @@ def test_the_smallest_lease_with_the_largest_allowed_slice_end_to_end(
         mariadb_url, platform_engine, tmp_path,
         ORBIT_ARCHIVE_LEASE_SECONDS="4", ORBIT_ARCHIVE_SLICE_SECONDS="1",
     ) as ae:  # fmt: skip
-        ns, q = make_namespace(platform_engine, "tight")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "events", sid, batch_size=5)
-        seed(platform_engine, ns, q, "events", 80)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="tight",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=80,
+            batch_size=5,
+        ).parts
         w = ae.worker("tight", [vol], failpoints="archive.after_file_write=sleep:0.15")
         job = create_job(ae, ns, "events")
         done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)

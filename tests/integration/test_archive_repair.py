@@ -44,12 +44,6 @@ pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
 
 @pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
-
-
-@pytest.fixture
 def s3ae(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path, moto: MotoServer,
     monkeypatch: pytest.MonkeyPatch,

@@ -48,6 +48,7 @@ from tests.support.cli import assert_one_line_error, orbit_env, run_orbit
 from tests.support.mariadb_server import free_port
 from tests.support.metrics import running_exporter, value
 from tests.support.replica import ReplicaPair, replica_pair
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
@@ -125,11 +126,9 @@ def _replicated_job(
 ) -> tuple[bytes, bytes, Path, Job]:
     """A namespace ``name`` with ``roots`` of ``kind``, a volume, a plan and the job a tick
     created, everything replicated: (namespace, queue, volume, job)."""
-    ns, q = make_namespace(ae.engine, name)
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, kind, sid, batch_size=batch_size)
-    seed(ae.engine, ns, q, kind, roots)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name=name, volume=ae.tmp / "vol", kind=kind, roots=roots, batch_size=batch_size
+    ).parts
     job = create_job(ae, ns, kind)
     pair.wait_caught_up()
     return ns, q, vol, job
@@ -147,11 +146,9 @@ def test_a_job_waits_replica_lag_while_the_sql_thread_is_stopped_then_finishes(
     with archive_env(
         primary_url, primary, tmp_path, ORBIT_ARCHIVE_SOURCE_URL=replica_url
     ) as ae:  # fmt: skip
-        ns, q = make_namespace(primary, "lag")
-        vol = tmp_path / "vol"
-        sid = make_volume(primary, vol)
-        make_plan(primary, ns, "workflows", sid, batch_size=9)
-        seed(primary, ns, q, "workflows", 150)
+        ns, q, vol, sid = archive_scene(
+            primary, name="lag", volume=tmp_path / "vol", kind="workflows", roots=150, batch_size=9
+        ).parts
         pair.wait_caught_up()
         w = ae.worker("replica", [vol])
         pair.stop_sql_thread()

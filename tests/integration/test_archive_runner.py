@@ -13,7 +13,6 @@ import random
 import re
 import tracemalloc
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +28,12 @@ from orbit_tasks.archive.jobs import JobState
 from tests.support.archive_chain import build_chain, record
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
 )
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
-
-
-@pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
 
 
 class _Statements:
@@ -81,11 +70,10 @@ class _Statements:
 def test_statements_listings_and_reads_per_batch_stay_constant(
     ae: ArchiveEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ns, q = make_namespace(ae.engine, "perbatch")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=10)
-    seed(ae.engine, ns, q, "tasks", 800)  # ~640 settled roots: ~64 batches
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="perbatch", volume=ae.tmp / "vol", batch_size=10,
+        roots=800,  # ~640 settled roots: ~64 batches
+    ).parts  # fmt: skip
     job = create_job(ae, ns, "tasks")
     listings: list[str] = []
     reads: list[str] = []
@@ -140,11 +128,9 @@ def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) ->
     """ORBIT_ARCHIVE_READER=process (the default on MariaDB): the runner's connection counts
     the manifest's roots (and samples the range's size) and confirms; every batch's keyset read
     runs in the reader process."""
-    ns, q = make_namespace(ae.engine, "byprocess")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=10)
-    seed(ae.engine, ns, q, "tasks", 400)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="byprocess", volume=ae.tmp / "vol", roots=400, batch_size=10
+    ).parts
     job = create_job(ae, ns, "tasks")
     stmts = _Statements(ae.engine)
     try:
@@ -172,11 +158,9 @@ def test_a_takeover_lists_once_more_and_a_continuation_reads_only_the_tail(
     from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.db.engine import FixedClock, db_now
 
-    ns, q = make_namespace(ae.engine, "takeover")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 60)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="takeover", volume=ae.tmp / "vol", roots=60, batch_size=5
+    ).parts
     job = create_job(ae, ns, "tasks")
 
     def run(**over: Any) -> str:
@@ -225,11 +209,9 @@ def test_a_stalled_takeover_is_counted_as_a_takeover_and_a_stall(ae: ArchiveEnv)
     from orbit_tasks.archive.store import jobs as job_store
     from orbit_tasks.db.engine import FixedClock, db_now
 
-    ns, q = make_namespace(ae.engine, "stalled")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 20)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name="stalled", volume=ae.tmp / "vol", roots=20, batch_size=5
+    ).parts
     job = create_job(ae, ns, "tasks")
 
     def run(**over: Any) -> str:
@@ -304,11 +286,9 @@ def test_a_value_that_cannot_be_encoded_fails_only_after_the_files_before_it(
         pass
     engine = make_engine(url)
     try:
-        ns, q = make_namespace(engine, "invalid")
-        vol = tmp_path / "vol"
-        sid = make_volume(engine, vol)
-        make_plan(engine, ns, "tasks", sid, batch_size=5)
-        seed(engine, ns, q, "tasks", 40)
+        ns, q, vol, sid = archive_scene(
+            engine, name="invalid", volume=tmp_path / "vol", roots=40, batch_size=5
+        ).parts
         with engine.connect() as conn:
             ids = [
                 r[0]

@@ -20,14 +20,17 @@ from tests.support.db import migrated_engine
 
 
 @dataclass
-class World:
+class CliScene:
+    """A scene built through the ``orbit`` script itself (SQLite): its environment, the
+    namespace and the ids of its jobs."""
+
     env: dict[str, str]
     ns: str
     jobs: list[str]
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
+def world(tmp_path: Path) -> Iterator[CliScene]:
     """One namespace with a queue, a credential, a volume, two plans and their two PENDING jobs."""
     url = f"sqlite:///{tmp_path / 'platform.sqlite3'}"
     with migrated_engine(url, "platform"):
@@ -50,7 +53,7 @@ def world(tmp_path: Path) -> Iterator[World]:
         tick = invoke_json(["archive", "tick"], env)
         jobs = [j["job_id"] for j in tick["jobs_created"]]
         assert len(jobs) == 2
-        yield World(env, ns, sorted(jobs))
+        yield CliScene(env, ns, sorted(jobs))
 
 
 def _json(args: list[str], env: dict[str, str]) -> Any:
@@ -71,7 +74,7 @@ LIST_COMMANDS = [
 ]
 
 
-def test_every_list_command_prints_items_and_next(world: World) -> None:
+def test_every_list_command_prints_items_and_next(world: CliScene) -> None:
     for args in LIST_COMMANDS:
         doc = _json(args, world.env)
         assert isinstance(doc, dict) and sorted(doc) == ["items", "next"], (args, doc)
@@ -80,7 +83,7 @@ def test_every_list_command_prints_items_and_next(world: World) -> None:
     assert [j["id"] for j in _json(["job", "list", "acme"], world.env)["items"]] == world.jobs
 
 
-def test_job_list_pages_with_the_cursor_in_next(world: World) -> None:
+def test_job_list_pages_with_the_cursor_in_next(world: CliScene) -> None:
     first = _json(["job", "list", "acme", "--limit", "1"], world.env)
     assert [j["id"] for j in first["items"]] == world.jobs[:1] and first["next"]
     second = _json(["job", "list", "acme", "--limit", "1", "--after", first["next"]], world.env)
@@ -89,7 +92,7 @@ def test_job_list_pages_with_the_cursor_in_next(world: World) -> None:
     assert human.returncode == 0 and f"--after {first['next']}" in human.stdout
 
 
-def test_job_show_prints_text_unless_json(world: World) -> None:
+def test_job_show_prints_text_unless_json(world: CliScene) -> None:
     job = world.jobs[0]
     text = run_orbit(["job", "show", "acme", job], world.env)
     assert text.returncode == 0, text.stderr
@@ -102,7 +105,7 @@ def test_job_show_prints_text_unless_json(world: World) -> None:
     assert shown["id"] == job and shown["state"] == "PENDING" and shown["range"]["until"]
 
 
-def test_job_watch_json_prints_one_object_per_change(world: World) -> None:
+def test_job_watch_json_prints_one_object_per_change(world: CliScene) -> None:
     job = world.jobs[0]
     watch = subprocess.Popen(
         [str(ORBIT), "job", "watch", "acme", job, "--json", "--interval", "0.2"],

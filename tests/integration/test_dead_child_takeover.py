@@ -11,41 +11,31 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
 
 from orbit_tasks.archive.engine import claim_marks
 from orbit_tasks.archive.jobs import Job, JobState
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     wait_for,
     wait_state,
 )
+from tests.support.scene import archive_scene
 
 LEASE = 120  # the default lease: waiting it out would take over two minutes
 TAKEOVER_WITHIN = 20.0  # seconds from the child's death to the next claim (shared CPU: generous)
 
 
 @pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(
-        mariadb_url,
-        platform_engine,
-        tmp_path,
-        ORBIT_ARCHIVE_LEASE_SECONDS=str(LEASE),
-        ORBIT_ARCHIVE_SLICE_SECONDS="60",  # one claim chain holds the job for the whole test
-    ) as env:
-        yield env
+def archive_overrides() -> dict[str, str]:
+    return {
+        "ORBIT_ARCHIVE_LEASE_SECONDS": str(LEASE),
+        "ORBIT_ARCHIVE_SLICE_SECONDS": "60",  # one claim chain holds the job for the whole test
+    }
 
 
 def _held_mark(ae: ArchiveEnv, job: Job) -> claim_marks.Mark | None:
@@ -62,11 +52,14 @@ def _held_mark(ae: ArchiveEnv, job: Job) -> claim_marks.Mark | None:
 def test_a_sigkilled_pool_child_is_taken_over_in_seconds_and_the_job_verifies(
     ae: ArchiveEnv,
 ) -> None:
-    ns, q = make_namespace(ae.engine, "childkill")
-    vol = ae.tmp / "vol"
-    sid = make_volume(ae.engine, vol, "childkill")
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", 60)
+    ns, q, vol, sid = archive_scene(
+        ae.engine,
+        name="childkill",
+        volume=ae.tmp / "vol",
+        roots=60,
+        batch_size=5,
+        label="childkill",
+    ).parts
     # every confirm takes a while: the test kills the child in the middle of its chain
     w = ae.worker("w", [vol], failpoints="archive.after_confirm=sleep:0.4")
     job = create_job(ae, ns, "tasks")

@@ -26,14 +26,11 @@ from orbit_tasks.platform import store as platform_store
 from tests.support.api_server import running_api_server
 from tests.support.archive_jobs import (
     archive_env,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     wait_for,
 )
 from tests.support.db import mariadb_database, migrated_engine
 from tests.support.processes import ORBIT, started
+from tests.support.scene import archive_scene
 from tests.support.sender import REDIS_URL, celery_env, enqueue_many, open_count
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
@@ -73,11 +70,9 @@ def test_archive_worker_writes_one_json_object_per_line(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path
 ) -> None:
     with archive_env(mariadb_url, platform_engine, tmp_path, ORBIT_LOG_FORMAT="json") as ae:
-        ns, queue = make_namespace(platform_engine, "json-logs")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "tasks", sid, batch_size=4)
-        seed(platform_engine, ns, queue, "tasks", 10)
+        ns, queue, vol, sid = archive_scene(
+            platform_engine, name="json-logs", volume=tmp_path / "vol", roots=10, batch_size=4
+        ).parts
         node = f"jsonlog-{os.getpid()}@test"
         cmd = [ORBIT, "worker", "archive", "--volume", str(vol), "--no-control", "-c", "1"]
         cmd += ["-n", node, "--", "--without-mingle", "--without-gossip", "--without-heartbeat"]
@@ -182,11 +177,9 @@ def test_pool_lines_of_a_task_killed_by_its_hard_time_limit_are_json(
     the soft limit cannot interrupt it), so only the hard limit ends it (lease 6 s: soft 4 s,
     hard 5 s)."""
     with archive_env(mariadb_url, platform_engine, tmp_path, ORBIT_LOG_FORMAT="json") as ae:
-        ns, queue = make_namespace(platform_engine, "json-limits")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "tasks", sid, batch_size=4)
-        seed(platform_engine, ns, queue, "tasks", 10)
+        ns, queue, vol, sid = archive_scene(
+            platform_engine, name="json-limits", volume=tmp_path / "vol", roots=10, batch_size=4
+        ).parts
         marker = tmp_path / "claimed"
         worker = ae.worker("limits", [vol], failpoints=f"archive.after_claim=stop:{marker}")
         report = run_tick(platform_engine, ae.settings, lambda *a, **k: None)

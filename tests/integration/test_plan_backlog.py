@@ -19,9 +19,10 @@ from orbit_tasks.metrics import store
 from orbit_tasks.metrics.sources import PlatformSource
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.integration.test_plan_preview import sql_counts
-from tests.support.archive_jobs import make_namespace, make_plan, make_volume, seed
+from tests.support.archive_jobs import make_namespace
 from tests.support.cli import invoke_json, invoke_orbit, orbit_env
 from tests.support.metrics import free_port
+from tests.support.scene import archive_scene
 
 pytestmark = pytest.mark.mariadb
 
@@ -29,13 +30,11 @@ ARCHIVE_AFTER = 3600
 
 
 def _setup(engine: Engine, tmp_path: Path, name: str, roots: int) -> tuple[bytes, bytes]:
-    ns, q = make_namespace(engine, name)
-    sid = make_volume(engine, tmp_path / f"vol-{name}", name)
-    make_plan(
-        engine, ns, "tasks", sid, batch_size=7, max_bytes=1024**2, archive_after=ARCHIVE_AFTER
-    )
-    seed(engine, ns, q, "tasks", roots)
-    return ns, sid
+    scene = archive_scene(
+        engine, name=name, volume=tmp_path / f"vol-{name}", label=name, roots=roots,
+        batch_size=7, max_bytes=1024**2, archive_after=ARCHIVE_AFTER,
+    )  # fmt: skip
+    return scene.ns, scene.storage
 
 
 def _old_success(engine: Engine, ns: bytes, sid: bytes, roots: int, seconds: int) -> None:

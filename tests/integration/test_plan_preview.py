@@ -34,6 +34,7 @@ from tests.support.cli import (
     orbit_env,
     run_orbit,
 )
+from tests.support.scene import archive_scene
 
 pytestmark = pytest.mark.mariadb
 
@@ -129,11 +130,14 @@ def test_preview_is_the_range_and_size_of_the_job_a_tick_then_creates(
     """The next job archives exactly the previewed roots, into the previewed number of files
     and about the previewed bytes; after it succeeded, the next preview starts at its until."""
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(platform_engine, "preview-job")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "tasks", sid, batch_size=6, archive_after=ARCHIVE_AFTER)
-        seed(platform_engine, ns, q, "tasks", 90)
+        ns, q, vol, sid = archive_scene(
+            platform_engine,
+            name="preview-job",
+            volume=tmp_path / "vol",
+            roots=90,
+            batch_size=6,
+            archive_after=ARCHIVE_AFTER,
+        ).parts
         first = invoke_json(["plan", "preview", "preview-job", "tasks"], ae.env)
         job = create_job(ae, ns, "tasks")
         busy = invoke_json(["plan", "preview", "preview-job", "tasks"], ae.env)

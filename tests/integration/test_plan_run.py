@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import func, select, update
 
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.store import plans as plan_store
@@ -24,17 +23,13 @@ from orbit_tasks.db.platform_tables import archive_plans, namespaces
 from orbit_tasks.errors import IllegalState
 from tests.support.archive_jobs import (
     ArchiveEnv,
-    archive_env,
     assert_succeeded_exactly,
     create_job,
     make_due,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     wait_for,
 )
 from tests.support.cli import assert_one_line_error
+from tests.support.scene import archive_scene
 
 pytestmark = pytest.mark.mariadb
 
@@ -42,18 +37,10 @@ P = archive_plans.c
 DAY = 86400
 
 
-@pytest.fixture
-def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
-        yield env
-
-
 def _setup(ae: ArchiveEnv, name: str, roots: int = 30) -> tuple[bytes, Path]:
-    ns, q = make_namespace(ae.engine, name)
-    vol = ae.tmp / f"vol-{name}"
-    sid = make_volume(ae.engine, vol, name)
-    make_plan(ae.engine, ns, "tasks", sid, batch_size=5)
-    seed(ae.engine, ns, q, "tasks", roots)
+    ns, q, vol, sid = archive_scene(
+        ae.engine, name=name, volume=ae.tmp / f"vol-{name}", roots=roots, batch_size=5, label=name
+    ).parts
     return ns, vol
 
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 from celery import Celery
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine, func, insert, select, text, update
+from sqlalchemy import Engine, insert, select, text, update
 
 from orbit_tasks.archive import plans as schedule
 from orbit_tasks.archive.store import plans as plan_store
@@ -33,6 +33,7 @@ from orbit_tasks.queues import queue_name
 from orbit_tasks.settings import Settings, load_settings
 from tests.support import tick as tick_support
 from tests.support.db import migrated_engine, redis_url
+from tests.support.scene import PlanScene
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = redis_url(2)
@@ -56,63 +57,6 @@ def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
 
 def settings(**over: Any) -> Settings:
     return load_settings({"ORBIT_VAR_DIR": "/tmp/orbit-a-unused"}).with_overrides(**over)
-
-
-class World:
-    """One namespace (ACTIVE), one registered storage and a policy revision per kind."""
-
-    def __init__(self, engine: Engine, name: str = "acme") -> None:
-        self.engine = engine
-        self.storage = new_id()
-        with engine.begin() as conn:
-            self.ns = store.create_namespace(conn, name)
-            store.register_storage(conn, self.storage, "vol-a")
-            store.add_policy_revision(conn, self.ns, "tasks", 7 * DAY, "test")
-
-    def set(self, kind: str = "tasks", **kw: Any) -> plan_store.SetPlanResult:
-        args: dict[str, Any] = dict(
-            storage_id=self.storage,
-            interval=DAY,
-            batch_size=100,
-            max_bytes=256 * MIB,
-            policy_revision=1,
-            enabled=True,
-            expect_revision=None,
-        )
-        args.update(kw)
-        with self.engine.begin() as conn:
-            return plan_store.set_plan(
-                conn, self.ns, kind, now=db_now(conn), actor="tester", **args
-            )
-
-    def plan(self, kind: str = "tasks") -> plan_store.Plan:
-        with self.engine.connect() as conn:
-            plan = plan_store.get_plan(conn, self.ns, kind)
-        assert plan is not None
-        return plan
-
-    def jobs(self) -> list[Any]:
-        with self.engine.connect() as conn:
-            return list(conn.execute(select(archive_jobs).order_by(archive_jobs.c.created_at)))
-
-    def counts(self) -> tuple[int, int, int]:
-        with self.engine.connect() as conn:
-            return (
-                conn.execute(select(func.count()).select_from(archive_plans)).scalar_one(),
-                conn.execute(select(func.count()).select_from(archive_jobs)).scalar_one(),
-                conn.execute(select(func.count()).select_from(audit_events)).scalar_one(),
-            )
-
-    def move_next_run(self, delta: dt.timedelta, kind: str = "tasks") -> dt.datetime:
-        """Test-only: pretend time passed by moving next_run_at back by ``delta`` from now."""
-        with self.engine.begin() as conn:
-            value = db_now(conn) - delta
-            conn.execute(
-                update(archive_plans)
-                .where(archive_plans.c.namespace_id == self.ns, archive_plans.c.kind == kind)
-                .values(next_run_at=value)
-            )
-        return value
 
 
 # --- plan set: validation writes nothing --------------------------------------------------------
@@ -150,7 +94,7 @@ def cli(platform_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
 def test_plan_set_validation_errors_exit_codes_and_write_nothing(
     platform_engine: Engine, cli: Any
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     with platform_engine.begin() as conn:
         store.create_namespace(conn, "sleepy")
         sleepy = store.resolve_namespace(conn, "sleepy").id
@@ -214,7 +158,7 @@ def test_plan_set_validation_errors_exit_codes_and_write_nothing(
 def test_revision_bumps_only_on_operator_change_and_ticks_never_touch_it(
     platform_engine: Engine, publisher: Publisher
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     first = w.set(enabled=False)
     assert (first.created, first.changed, first.plan.revision) == (True, True, 1)
     assert first.plan.enabled is False
@@ -268,7 +212,7 @@ def test_revision_bumps_only_on_operator_change_and_ticks_never_touch_it(
 
 @pytest.mark.mariadb
 def test_set_plan_store_errors(platform_engine: Engine) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     with pytest.raises(NotFound, match="does not exist"), platform_engine.begin() as conn:
         plan_store.set_plan(
             conn,
@@ -304,7 +248,7 @@ def test_set_plan_store_errors(platform_engine: Engine) -> None:
 def test_tick_creates_one_job_with_frozen_fields_and_wakes_it(
     platform_engine: Engine, publisher: Publisher, rds: redis.Redis
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     plan = w.set(batch_size=9, max_bytes=3 * MIB).plan
     report = run_tick(platform_engine, settings(), publisher)
     assert report.storages == 1 and len(report.jobs_created) == 1
@@ -345,7 +289,7 @@ def test_tick_creates_one_job_with_frozen_fields_and_wakes_it(
 def test_policy_unconfirmed_creates_no_job_and_keeps_next_run(
     platform_engine: Engine, publisher: Publisher
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     w.set()
     with platform_engine.begin() as conn:
         assert store.add_policy_revision(conn, w.ns, "tasks", 9 * DAY, "admin") == 2
@@ -366,7 +310,7 @@ def test_policy_unconfirmed_creates_no_job_and_keeps_next_run(
 def test_active_job_coalesces_many_missed_runs_into_one_and_keeps_phase(
     platform_engine: Engine, publisher: Publisher
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     w.set(interval=3600)
     assert len(run_tick(platform_engine, settings(), publisher).jobs_created) == 1
     job_id = w.plan().active_job_id
@@ -391,7 +335,7 @@ def test_active_job_coalesces_many_missed_runs_into_one_and_keeps_phase(
 def test_disabled_namespace_or_plan_gets_no_job(
     platform_engine: Engine, publisher: Publisher
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     w.set()
     with platform_engine.begin() as conn:
         store.set_namespace_state(conn, w.ns, "DISABLED")
@@ -415,7 +359,7 @@ def test_disabled_namespace_or_plan_gets_no_job(
 def test_two_concurrent_ticks_create_exactly_one_job_per_plan(
     platform_engine: Engine, publisher: Publisher
 ) -> None:
-    worlds = [World(platform_engine, f"ns{i}") for i in range(6)]
+    worlds = [PlanScene(platform_engine, name=f"ns{i}") for i in range(6)]
     kinds = ["tasks", "events", "audit"]
     for w in worlds:
         with platform_engine.begin() as conn:
@@ -443,7 +387,7 @@ def test_two_concurrent_ticks_create_exactly_one_job_per_plan(
 def test_two_tick_processes_at_once_create_one_job(
     platform_engine: Engine, rds: redis.Redis
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     w.set()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
     env.update(
@@ -497,7 +441,7 @@ def _insert_job(engine: Engine, ns: bytes, storage: bytes, state: str, **kw: Any
 def test_sweep_finds_pending_and_expired_running_and_is_bounded(
     platform_engine: Engine, publisher: Publisher, rds: redis.Redis
 ) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     other = new_id()
     with platform_engine.begin() as conn:
         store.register_storage(conn, other, "vol-b")
@@ -546,7 +490,7 @@ def test_sweep_finds_pending_and_expired_running_and_is_bounded(
 
 @pytest.mark.redis
 def test_plan_and_tick_on_sqlite(sqlite_engine: Engine, publisher: Publisher) -> None:
-    w = World(sqlite_engine)
+    w = PlanScene(sqlite_engine)
     w.set(enabled=False)
     assert run_tick(sqlite_engine, settings(), publisher).jobs_created == []
     assert w.set(enabled=True).plan.revision == 2
@@ -565,7 +509,7 @@ def test_plan_and_tick_on_sqlite(sqlite_engine: Engine, publisher: Publisher) ->
 
 @pytest.mark.mariadb
 def test_plan_list_and_show_report_policy_confirmation(platform_engine: Engine, cli: Any) -> None:
-    w = World(platform_engine, "zoë-ns".replace("ë", "e"))
+    w = PlanScene(platform_engine, name="zoë-ns".replace("ë", "e"))
     w.set(max_bytes=GIB)
     shown = json.loads(cli("plan", "show", w.ns.hex(), "tasks", "--json").output)
     assert shown["policy_confirmed"] is True and shown["latest_policy_revision"] == 1
@@ -676,7 +620,7 @@ def test_due_scan_pages_past_plans_that_stay_due(
     from orbit_tasks.archive import tick
 
     monkeypatch.setattr(tick, "DUE_PAGE", 2)
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     kinds = ["tasks", "events", "audit", "inbox", "workflows"]
     with platform_engine.begin() as conn:
         for kind in kinds[1:]:
@@ -717,7 +661,7 @@ def test_unreachable_broker_is_transient_and_the_next_tick_publishes(
 ) -> None:
     from orbit_tasks.errors import TransientError
 
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     w.set()
     dead = Celery("orbit-test-dead", broker="redis://127.0.0.1:1/0", set_as_current=False)
     dead.conf.broker_connection_retry_on_startup = False
@@ -734,7 +678,7 @@ def test_unreachable_broker_is_transient_and_the_next_tick_publishes(
 
 @pytest.mark.mariadb
 def test_job_creation_compare_and_set_refuses_every_stale_view(platform_engine: Engine) -> None:
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     seen = w.set().plan
 
     def try_create(view: plan_store.Plan) -> bytes | None:
@@ -767,7 +711,7 @@ def test_job_creation_compare_and_set_refuses_every_stale_view(platform_engine: 
 def test_operator_change_racing_a_tick_keeps_the_ticks_next_run(platform_engine: Engine) -> None:
     """A plan change that does not enable the plan leaves next_run_at alone: a tick that moved it
     (and created a job) while the change waited for the row lock must not be undone."""
-    w = World(platform_engine)
+    w = PlanScene(platform_engine)
     w.set()
     seen = w.plan()
     tick_conn = platform_engine.connect()

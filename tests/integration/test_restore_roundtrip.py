@@ -36,6 +36,7 @@ from tests.support.restore import (
     restore_job,
     sqlite_raw,
 )
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
@@ -118,11 +119,10 @@ def test_restored_children_keep_their_order_and_nulls(
     from orbit_tasks.archive.engine import runner
 
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, queue = make_namespace(platform_engine, "nulls")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol)
-        make_plan(platform_engine, ns, "deliveries", sid, batch_size=3)
-        seed(platform_engine, ns, queue, "deliveries", 20, seed=7)
+        ns, queue, vol, sid = archive_scene(
+            platform_engine, name="nulls", volume=tmp_path / "vol", kind="deliveries",
+            roots=20, batch_size=3, history_seed=7,
+        ).parts  # fmt: skip
         job_hex = next(j for _, k, j in ae.tick().jobs_created if k == "deliveries")
         out = None
         while out in (None, "released"):

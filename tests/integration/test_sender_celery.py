@@ -7,20 +7,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from celery import Celery
 from sqlalchemy import Engine, text
 
 from tests.support import sender as sender_support
 from tests.support.db import open_write_transactions
 from tests.support.sender import (
-    REDIS_URL,
+    Workers,
     World,
     celery_env,
     check_invariants,
@@ -32,92 +29,8 @@ from tests.support.sender_proxy import PASS, Fault, fault_proxy
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-CELERY = REPO / ".venv" / "bin" / "celery"
-
 world = sender_support.world
 business = sender_support.business
-
-
-class Workers:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def start(self, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = self.tmp / f"{name}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    str(CELERY),
-                    "-A",
-                    "orbit_tasks.celery_app",
-                    "worker",
-                    "-Q",
-                    "orbit.sender",
-                    "-c",
-                    "1",
-                    "-P",
-                    "prefork",
-                    "--without-heartbeat",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "-l",
-                    "INFO",
-                    "-n",
-                    f"{name}-{os.getpid()}@%h",
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.procs.append((proc, log))
-        return proc
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        """SIGKILL the worker and its pool children (its own process group)."""
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-    def stop_all(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc, _ in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-
-    def outputs(self) -> list[str]:
-        return [log.read_text(errors="replace") for _, log in self.procs]
-
-    def output(self) -> str:
-        return "\n".join(self.outputs())
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    w = Workers(tmp_path)
-    try:
-        yield w
-    finally:
-        w.stop_all()
-        redis.Redis.from_url(REDIS_URL).flushdb()
-
-
-@pytest.fixture
-def beat() -> Iterator[Celery]:
-    app = Celery("sender-test-beat", broker=REDIS_URL)
-    try:
-        yield app
-    finally:
-        app.close()
 
 
 def tick(app: Celery) -> None:

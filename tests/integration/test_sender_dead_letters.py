@@ -10,51 +10,27 @@ import datetime as dt
 import json
 import secrets
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from sqlalchemy import Engine, select, update
 
 from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.sender import enqueue
-from tests.integration.test_sender_celery import Workers
-from tests.integration.test_sender_retention import business_db  # noqa: F401 - the fixture
 from tests.support import sender as sender_support
 from tests.support.cli import orbit_env, run_orbit
 from tests.support.metrics import running_exporter, value
-from tests.support.sender import REDIS_URL, World, body_for, celery_env
+from tests.support.sender import REDIS_URL, Workers, World, body_for, celery_env
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
 world = sender_support.world
 o = sender_outbox.c
 CODE = "QUEUE_FORBIDDEN"
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    w = Workers(tmp_path)
-    try:
-        yield w
-    finally:
-        w.stop_all()
-        redis.Redis.from_url(REDIS_URL).flushdb()
-
-
-@pytest.fixture
-def beat() -> Iterator[Celery]:
-    app = Celery("sender-dead-letters-beat", broker=REDIS_URL)
-    try:
-        yield app
-    finally:
-        app.close()
 
 
 def _rows(engine: Engine, ns: str) -> dict[str, Any]:
@@ -93,7 +69,7 @@ def _review_metric(exporter: Any) -> float | None:
 @pytest.mark.parametrize("business_db", ["mariadb"], indirect=True)
 def test_bulk_requeue_and_resolve_through_the_cli_and_the_metric_falls(
     world: World,
-    business_db: tuple[str, Engine],  # noqa: F811 - the fixture imported above
+    business_db: tuple[str, Engine],
     workers: Workers,
     beat: Celery,
     tmp_path: Path,
@@ -266,7 +242,7 @@ def test_bulk_requeue_and_resolve_through_the_cli_and_the_metric_falls(
 
 
 def test_a_bulk_requeue_leaves_resolved_rows_alone_and_a_named_requeue_sends_one(
-    business_db: tuple[str, Engine],  # noqa: F811 - the fixture imported above
+    business_db: tuple[str, Engine],
 ) -> None:
     """A row an operator marked as handled ("re-created by hand under new ids") is not sent
     again by ``requeue --code``: it is listed as refused, naming who resolved it, and stays

@@ -23,12 +23,10 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from alembic import command
 from celery import Celery
 from sqlalchemy import Engine, func, select, text, update
@@ -43,12 +41,11 @@ from orbit_tasks.db.migrations.frozen_0001 import create_statements
 from orbit_tasks.sender import OutboxConflict, enqueue
 from orbit_tasks.sender.retention import PAGE_ROWS, prune
 from orbit_tasks.sender.store import entries, pruning
-from tests.integration.test_sender_celery import Workers
 from tests.support import sender as sender_support
 from tests.support.cli import REPO, orbit_env, run_orbit
 from tests.support.db import mariadb_database, open_write_transactions
 from tests.support.sender import (
-    REDIS_URL,
+    Workers,
     World,
     body_for,
     captured_sql,
@@ -62,46 +59,6 @@ pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 world = sender_support.world
 o = sender_outbox.c
 OLD = dt.timedelta(days=8)  # backdated: older than --older-than 7d
-
-
-@pytest.fixture(params=["mariadb", "sqlite"])
-def business_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Engine]]:
-    if request.param == "mariadb":
-        with mariadb_database("orbit_sr") as url:
-            engine = make_engine(url)
-            upgrade(engine, "business")
-            try:
-                yield url, engine
-            finally:
-                engine.dispose()
-    else:
-        url = f"sqlite:///{tmp_path / 'business.sqlite3'}"
-        engine = make_engine(url)
-        upgrade(engine, "business")
-        try:
-            yield url, engine
-        finally:
-            engine.dispose()
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    w = Workers(tmp_path)
-    try:
-        yield w
-    finally:
-        w.stop_all()
-        redis.Redis.from_url(REDIS_URL).flushdb()
-
-
-@pytest.fixture
-def beat() -> Iterator[Celery]:
-    app = Celery("sender-retention-beat", broker=REDIS_URL)
-    try:
-        yield app
-    finally:
-        app.close()
 
 
 def _tick(app: Celery) -> None:

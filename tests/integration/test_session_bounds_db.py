@@ -23,12 +23,9 @@ from orbit_tasks.db.session_check import unmet_bounds, warn_unless_bounded
 from tests.support.archive_jobs import (
     archive_env,
     create_job,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
 )
 from tests.support.db import migrated_engine
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb]
 
@@ -72,10 +69,9 @@ def test_a_claim_that_meets_a_locked_job_row_gives_up_after_the_lock_wait(
     platform_engine: Engine, mariadb_url: str, tmp_path: Any
 ) -> None:
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, q = make_namespace(ae.engine, "locked")
-        sid = make_volume(ae.engine, tmp_path / "vol", "locked")
-        make_plan(ae.engine, ns, "tasks", sid)
-        seed(ae.engine, ns, q, "tasks", 5)
+        ns, q, _, sid = archive_scene(
+            ae.engine, name="locked", volume=tmp_path / "vol", label="locked", roots=5
+        ).parts
         job = create_job(ae, ns, "tasks")
     bounded = make_engine(mariadb_url, bounds=bounds_for_lease(8))
     holder = make_engine(mariadb_url)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +32,74 @@ from orbit_tasks.sender.relay import Relay
 from tests.support.api_server import ApiServer, running_api_server
 from tests.support.db import mariadb_database, migrated_engine, redis_url
 
+REPO = Path(__file__).resolve().parents[2]
+CELERY = REPO / ".venv" / "bin" / "celery"
 SENDER_REDIS_DB = 3
 REDIS_URL = redis_url(SENDER_REDIS_DB)
+
+
+class Workers:
+    """``celery worker -Q orbit.sender`` processes, each in its own process group, logging to
+    a file of the test's folder (the ``workers`` fixture)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(self, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    str(CELERY),
+                    "-A",
+                    "orbit_tasks.celery_app",
+                    "worker",
+                    "-Q",
+                    "orbit.sender",
+                    "-c",
+                    "1",
+                    "-P",
+                    "prefork",
+                    "--without-heartbeat",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "-l",
+                    "INFO",
+                    "-n",
+                    f"{name}-{os.getpid()}@%h",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append((proc, log))
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the worker and its pool children (its own process group)."""
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc, _ in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def outputs(self) -> list[str]:
+        return [log.read_text(errors="replace") for _, log in self.procs]
+
+    def output(self) -> str:
+        return "\n".join(self.outputs())
 
 
 @dataclass

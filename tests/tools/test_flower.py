@@ -22,13 +22,10 @@ from tests.support.api_server import free_port
 from tests.support.archive_jobs import (
     ArchiveEnv,
     archive_env,
-    make_namespace,
-    make_plan,
-    make_volume,
-    seed,
     wait_for,
 )
 from tests.support.processes import ORBIT, Proc, started
+from tests.support.scene import archive_scene
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
 
@@ -72,11 +69,15 @@ def test_flower_with_auth_shows_the_pinned_worker_and_labelled_archive_tasks(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path
 ) -> None:
     with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
-        ns, queue = make_namespace(platform_engine, "flower-ns")
-        vol = tmp_path / "vol"
-        sid = make_volume(platform_engine, vol, "flower-vol")
-        make_plan(platform_engine, ns, "events", sid, batch_size=5)
-        seed(platform_engine, ns, queue, "events", 12)
+        ns, queue, vol, sid = archive_scene(
+            platform_engine,
+            name="flower-ns",
+            volume=tmp_path / "vol",
+            kind="events",
+            roots=12,
+            batch_size=5,
+            label="flower-vol",
+        ).parts
         storage_queue = f"orbit.archive.{sid.hex()}"
         node = f"flowerpin-{os.getpid()}@test"
         env = flower_env(ae, ORBIT_FLOWER_BASIC_AUTH=AUTH)
