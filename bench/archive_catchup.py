@@ -19,6 +19,11 @@ batch 100, the same settled event roots for every contender, in one run:
     .venv/bin/python bench/archive_catchup.py [--events 500000] [--budget 4MiB]
 
 Writes bench/archive_catchup.json and prints the commands.
+
+``--large`` (the issue's 10M-root backlog, or the largest that fits): the catch-up alone (no
+warm-up, no pt-archiver, no one-job run), the job rows polled every 0.2 s, and the RSS of the
+worker's processes sampled every ``--rss-every`` seconds into a series (to show it flat across
+the run), with the load averages; writes bench/archive_catchup_large.json instead.
 """
 
 from __future__ import annotations
@@ -76,8 +81,18 @@ class CatchUp(FromTick):
             ).scalar()
         return list(rows), active
 
-    def run(self, label: str, ns: bytes, max_bytes: int) -> dict[str, Any]:
+    def run(
+        self,
+        label: str,
+        ns: bytes,
+        max_bytes: int,
+        *,
+        poll: float = 0.005,
+        rss_every: float = 0.0,
+        timeout: float = 1800,
+    ) -> dict[str, Any]:
         self.start(ns, max_bytes)
+        series: list[dict[str, Any]] = []
         r = redis.Redis.from_url(REDIS_URL)
         r.flushdb()
         app = Celery("bench", broker=REDIS_URL)
@@ -102,9 +117,13 @@ class CatchUp(FromTick):
             started = time.perf_counter()
             subprocess.run([ORBIT, "archive", "tick"], cwd=ROOT, env=self.env, check=True,
                            stdout=subprocess.DEVNULL)  # fmt: skip
+            sample_at = 0.0
             while True:
                 rows, active = self._rows(ns)
                 at = time.perf_counter() - started
+                if rss_every and at >= sample_at:
+                    series.append(_rss_sample(worker.pid, at, sum(row.roots for row in rows)))
+                    sample_at = at + rss_every
                 for row in rows:
                     m = seen.setdefault(bytes(row.id), {"created": at})
                     if row.attempts and "claimed" not in m:
@@ -119,10 +138,12 @@ class CatchUp(FromTick):
                     raise SystemExit(f"{label}: a job FAILED; see {log_path}")
                 if rows and active is None and all(row.state == "SUCCEEDED" for row in rows):
                     break
-                if at > 1800:
+                if at > timeout:
                     raise SystemExit(f"{label}: not caught up; see {log_path}")
-                time.sleep(0.005)
+                time.sleep(poll)
             seconds = time.perf_counter() - started
+            if rss_every:
+                series.append(_rss_sample(worker.pid, seconds, sum(row.roots for row in rows)))
             cpu = _cpu_seconds(pool) - cpu_before
             rss = peak.stop()
         finally:
@@ -144,7 +165,7 @@ class CatchUp(FromTick):
             "peak_rss_mib": round(rss / 1024, 1),
         }
         phases = [m for m in seen.values() if {"claimed", "manifest", "done"} <= set(m)]
-        if len(phases) > 1:
+        if len(phases) > 1 and poll < 0.05:  # (--large polls too seldom for phases)
             med = statistics.median
             out["per_job_phases_median_s"] = {
                 "creation -> first claim (wake-up)": round(
@@ -160,9 +181,74 @@ class CatchUp(FromTick):
                     med(m["done"] - m["last_batch"] for m in phases), 4
                 ),
             }
+        if series:
+            out["rss_series"] = series
         print(f"bench: {label} {out}", flush=True)
         shutil.rmtree(self.vol / ns.hex(), ignore_errors=True)
         return out
+
+
+def _rss_sample(main_pid: int, at: float, roots: int) -> dict[str, Any]:
+    """VmRSS (MiB) of the worker's main process, of its pool process(es) and of the pool's own
+    children (the reader process), at ``at`` seconds with ``roots`` archived so far."""
+
+    def rss(pid: str) -> float:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
+    def children(pid: str) -> list[str]:
+        try:
+            return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return []
+
+    pools = children(str(main_pid))
+    return {
+        "t_s": round(at, 1),
+        "roots": roots,
+        "main_rss_mib": round(rss(str(main_pid)), 1),
+        "pool_rss_mib": round(sum(rss(p) for p in pools), 1),
+        "readers_rss_mib": round(sum(rss(c) for p in pools for c in children(p)), 1),
+        "load_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def large(args: argparse.Namespace, budget: int) -> None:
+    """``--large``: the catch-up of ``--events`` roots alone, RSS sampled across it."""
+    b = CatchUp(args)
+    res: dict[str, Any] = {"load_averages_at_start": os.getloadavg()}
+    try:
+        b.setup()
+        started = time.monotonic()
+        ns = b.namespace("catchup-large", "events", args.events)
+        res["seed_seconds"] = round(time.monotonic() - started)
+        res["load_averages_after_seed"] = os.getloadavg()
+        res["catch_up"] = b.run(
+            "catch-up-large", ns, budget, poll=0.2, rss_every=args.rss_every, timeout=4 * 3600
+        )
+    finally:
+        if hasattr(b, "engine"):
+            b.engine.dispose()
+        b.server.remove()
+        shutil.rmtree(b.tmp, ignore_errors=True)
+    series = res["catch_up"]["rss_series"]
+    pool = [s["pool_rss_mib"] for s in series if s["pool_rss_mib"]]
+    res["pool_rss_mib_start_middle_end_peak"] = [
+        pool[0], pool[len(pool) // 2], pool[-1], max(pool)
+    ]  # fmt: skip
+    res["load_averages_at_end"] = os.getloadavg()
+    res["sizes"] = (
+        f"events {args.events}, budget {args.budget} per job, batch {BATCH}, catch-up only"
+    )
+    res["measured_at_unix"] = int(time.time())
+    path = ROOT / "bench" / "archive_catchup_large.json"
+    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    print(json.dumps({k: v for k, v in res.items() if k != "catch_up"}, indent=2, sort_keys=True))
 
 
 def main() -> None:
@@ -170,9 +256,14 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--budget", default="4MiB")
     parser.add_argument("--port", type=int, default=3313)
+    parser.add_argument("--large", action="store_true", help="the catch-up alone, RSS sampled")
+    parser.add_argument("--rss-every", type=float, default=5.0, help="seconds (with --large)")
     args = parser.parse_args()
     args.tasks = args.small = 0
     budget = parse_size(args.budget)
+    if args.large:
+        large(args, budget)
+        return
     b = CatchUp(args)
     res: dict[str, Any] = {"load_average_at_start": os.getloadavg()[0]}
     try:

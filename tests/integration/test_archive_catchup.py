@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -26,7 +28,7 @@ from alembic import command
 from sqlalchemy import Engine, select, update
 
 from orbit_tasks.archive import claims
-from orbit_tasks.archive.engine import runner
+from orbit_tasks.archive.engine import claim_marks, runner
 from orbit_tasks.archive.engine.verify import verify_job_dir
 from orbit_tasks.archive.engine.volume import job_dir
 from orbit_tasks.archive.format.manifest import decode_manifest
@@ -42,13 +44,18 @@ from orbit_tasks.dev import generator
 from orbit_tasks.platform.history import HISTORY_KINDS
 from orbit_tasks.settings import Settings, load_settings
 from tests.support.archive_jobs import (
+    ORBIT,
+    REPO,
+    ArchiveEnv,
     MiB,
+    Worker,
     archive_env,
     make_due,
     make_namespace,
     make_plan,
     make_volume,
     wait_for,
+    wait_marker,
 )
 from tests.support.cli import invoke_json, invoke_orbit, orbit_env
 from tests.support.db import mariadb_database
@@ -341,6 +348,113 @@ def test_real_workers_catch_up_through_a_policy_shortened_and_lengthened(
         assert len(_jobs(engine, ns)) == before + 1
         _wait_caught_up(ae, ns, 240)
     assert_caught_up(engine, ns, {sid: vol}, at_least=3)
+
+
+def _beat(ae: ArchiveEnv) -> Worker:
+    """A real ``orbit beat`` (archive ticks only: no sender database named), stopped with the
+    workers at the end of the test."""
+    env = {k: v for k, v in ae.env.items() if k != "ORBIT_SENDER_DATABASE_URL"}
+    log = ae.tmp / "beat.log"
+    fh = open(log, "wb")  # noqa: SIM115 - closed in Worker.stop
+    proc = subprocess.Popen(
+        [ORBIT, "beat", "-l", "INFO"], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    beat = Worker("beat", proc, log, fh)
+    ae.workers.append(beat)
+    return beat
+
+
+def _ready(w: Worker) -> None:
+    wait_for(lambda: "ready." in w.text() or w.proc.poll() is not None, 60, f"{w.name} ready")
+    assert w.proc.poll() is None, w.text()
+
+
+def _mark_of(ae: ArchiveEnv, pid: int) -> claim_marks.Mark | None:
+    """The claim mark of the pool child ``pid`` (under its worker's main process)."""
+    for path in (ae.settings.var_dir / claim_marks.MARKS_DIR).glob(f"*/{pid}"):
+        return claim_marks.read_mark(path)
+    return None
+
+
+# The after_file_write hit (the manifest and each batch file, counted per pool child) at which
+# the first pool child pauses: in the second job (a 1 MiB job of these roots holds ~10.4k roots,
+# ~106 files), and more than the new child writes after the takeover (~110), so that it pauses
+# once only.
+PAUSE_AT = 150
+
+
+@pytest.mark.mariadb
+def test_real_workers_and_beat_catch_up_through_a_pool_child_killed_mid_job(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Real ``orbit worker archive``, ``orbit worker control`` and ``orbit beat`` processes, the
+    default 120 s lease: the pool child is SIGKILLed in the middle of the catch-up's second job
+    (paused after a durable write, before its confirm, holding the claim); its worker's main
+    process lives on and has the job taken over within seconds (no tick or lease can do that
+    here: the lease has two minutes to run), and the catch-up ends with every root once."""
+    engine = platform_engine
+    marker = tmp_path / "paused"
+    lease = 120
+    with archive_env(
+        mariadb_url, engine, tmp_path, ORBIT_ARCHIVE_LEASE_SECONDS=str(lease),
+        ORBIT_TICK_SECONDS="2",
+    ) as ae:  # fmt: skip
+        ns, _q = make_namespace(engine, "childkill")
+        vol = tmp_path / "vol"
+        sid = make_volume(engine, vol, "vol")
+        # the processes start while the roots are seeded (a wake-up or tick published before a
+        # worker is ready is dropped: the next tick creates the job or sweeps it again)
+        pause = f"archive.after_file_write=pause@{PAUSE_AT}:{marker}"
+        w = ae.worker("w1", [vol], failpoints=pause, wait_ready=False)
+        ctl = ae.worker("control", [], wait_ready=False)  # beat's ticks run here
+        _seed_events(engine, ns, 25_000)
+        make_plan(engine, ns, KIND, sid, batch_size=100, max_bytes=1 * MiB)
+        beat = _beat(ae)
+        _ready(w)
+        _ready(ctl)
+        pid = wait_marker(marker, 120)
+        assert pid != w.proc.pid  # a pool child, not the worker's main process
+        mark = _mark_of(ae, pid)
+        assert mark is not None and mark.ns_id == ns
+        jobs = _jobs(engine, ns)
+        held = next(j for j in jobs if j.id == mark.job_id)
+        # the child holds the claim in the middle of a job that is not the first
+        assert held.state is JobState.RUNNING and held.lease_id == mark.lease_id, held
+        assert held.id != jobs[0].id and jobs[0].state is JobState.SUCCEEDED
+        assert held.batches > 0, held
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def taken_over() -> Job | None:
+            now = ae.job(ns, held.id)
+            return now if now.attempts > held.attempts else None
+
+        after = wait_for(taken_over, 20, "a takeover after the child's death", 0.05)
+        took = time.monotonic() - killed_at
+        assert after.lease_id != mark.lease_id
+        assert took < lease / 4
+
+        def caught_up() -> bool:
+            again = marker.read_text()
+            assert again == str(pid), f"a second pause (child {again}): PAUSE_AT no longer fits"
+            with engine.connect() as conn:
+                active = conn.execute(
+                    select(archive_plans.c.active_job_id).where(archive_plans.c.namespace_id == ns)
+                ).scalar()
+            now = _jobs(engine, ns)
+            assert not any(j.state is JobState.FAILED for j in now), now
+            return active is None and all(j.state is JobState.SUCCEEDED for j in now)
+
+        wait_for(caught_up, 120, "the catch-up after the takeover", 0.3)
+        assert w.proc.poll() is None and beat.proc.poll() is None  # both lived on
+        assert "orbit.archive.tick" in beat.text()  # beat's ticks created the first job
+        assert "archive.job.child_lost" in w.text()
+        assert _mark_of(ae, pid) is None  # the dead child's mark is gone
+    jobs = assert_caught_up(engine, ns, {sid: vol}, at_least=3)
+    (done,) = [j for j in jobs if j.id == held.id]
+    assert done.roots > held.roots and done.attempts > held.attempts  # taken over mid-job
+    print(f"takeover {took:.2f} s after the SIGKILL (lease {lease} s), {len(jobs)} jobs")
 
 
 # --- item 6: a job that failed BUDGET_EXCEEDED before the upgrade ---------------------------------
