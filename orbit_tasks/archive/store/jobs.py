@@ -71,7 +71,7 @@ from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_job_ends as E
 from orbit_tasks.db.platform_tables import archive_jobs as J
 from orbit_tasks.db.platform_tables import archive_plans, archive_policies, job_checks
-from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
+from orbit_tasks.errors import Command, InvalidInput, LeaseLost, NotFound, StaleRevision
 from orbit_tasks.ids import new_id, random_id
 from orbit_tasks.platform.store import insert_audit
 
@@ -458,7 +458,7 @@ def next_job(conn: Connection, job: Job, clock: Clock) -> bytes | None:
         enabled=plan.enabled,
         next_run_at=now,
         now=now,
-        namespace_active=states.get(job.namespace_id) == "ACTIVE",
+        namespace_active=plan_rules.namespace_active(states.get(job.namespace_id)),
         policy_revision=plan.policy_revision,
         latest_policy_revision=latest.get((job.namespace_id, job.kind)),
         active_job_id=None,
@@ -709,7 +709,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, bytes]:
         return datetime.fromisoformat(ts), bytes.fromhex(hex_id)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(
-            f"--after {cursor!r} is not a cursor printed by 'orbit job list' ({type(exc).__name__})"
+            f"{{after}} {cursor!r} is not a cursor printed by {{command}} ({type(exc).__name__})",
+            fields=("after",),
+            command=Command.JOB_LIST,
         ) from None
 
 
@@ -723,7 +725,9 @@ def list_jobs(
 ) -> tuple[list[Job], str | None]:
     """Jobs of a namespace oldest first (keyset on ix_archive_job_list); returns the next cursor."""
     if not 1 <= limit <= 1000:
-        raise InvalidInput(f"--limit {limit} is out of range (allowed 1..1000)")
+        raise InvalidInput(
+            f"{{limit}} {limit} is out of range (allowed 1..1000)", fields=("limit",)
+        )
     q = select(J).where(J.c.namespace_id == ns_id)
     if state is not None:
         q = q.where(J.c.state == state.value)
