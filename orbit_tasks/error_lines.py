@@ -39,6 +39,11 @@ FIELD_FLAGS = {
     "archive_after_seconds": "--archive-after",
     "after": "--after",
     "limit": "--limit",
+    "max_roots_per_second": "--max-roots-per-second",
+    "reason": "--reason",
+    "from_": "--from",
+    "until": "--until",
+    "volumes": "--volume",
 }
 
 # How the CLI spells the commands that errors point to (orbit_tasks/errors.py ``Command``).
