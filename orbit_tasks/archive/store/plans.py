@@ -131,7 +131,9 @@ def set_plan(
     ``expect_revision`` must be absent or 0 ("must not exist yet"). On update, None keeps the
     current value. A change bumps ``revision`` and ``updated_at`` and writes an audit row; a
     change to identical values writes nothing. Raises InvalidInput / NotFound / IllegalState /
-    StaleRevision before anything is written.
+    StaleRevision before anything is written. The store reads the facts (the namespace's state,
+    the current plan, whether the storage is registered, the latest policy revision); the
+    decisions are the rules of :mod:`orbit_tasks.archive.plans`.
     """
     plans.validate_kind(kind)
     plans.check_expect_revision(expect_revision)
