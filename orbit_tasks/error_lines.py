@@ -15,7 +15,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 from orbit_tasks import oserrors
 from orbit_tasks.db.engine import SETTING_ATTR
 from orbit_tasks.db.faults import LOCK_CONFLICT_CODES
-from orbit_tasks.errors import OrbitError
+from orbit_tasks.errors import Command, OrbitError
 
 # MySQL client/server codes that mean "cannot reach or use the server", not "bad statement".
 _UNAVAILABLE_CODES = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
@@ -37,14 +37,31 @@ FIELD_FLAGS = {
     "policy_revision": "--policy-revision",
     "expect_revision": "--expect-revision",
     "archive_after_seconds": "--archive-after",
+    "after": "--after",
+    "limit": "--limit",
+    "max_roots_per_second": "--max-roots-per-second",
+    "reason": "--reason",
+    "from_": "--from",
+    "until": "--until",
+    "volumes": "--volume",
+}
+
+# How the CLI spells the commands that errors point to (orbit_tasks/errors.py ``Command``).
+COMMANDS = {
+    Command.STORAGE_LIST: "orbit storage list",
+    Command.POLICY_SET: "orbit policy set NS {kind} --archive-after DURATION",
+    Command.PLAN_ENABLE: "orbit plan set NS KIND --enable",
+    Command.PLAN_CONFIRM_POLICY: "orbit plan set --policy-revision",
+    Command.JOB_SHOW: "orbit job show",
+    Command.JOB_LIST: "'orbit job list'",
 }
 
 
 def describe_error(exc: Exception) -> tuple[str, int]:
     """The operator's line (without ``error: ``) and the exit code for ``exc``; the fields an
-    error names are worded as the CLI's flags."""
+    error names are worded as the CLI's flags, the command it points to as the CLI's command."""
     if isinstance(exc, OrbitError):
-        return exc.worded(FIELD_FLAGS), exc.exit_code
+        return exc.worded(FIELD_FLAGS, COMMANDS), exc.exit_code
     if isinstance(exc, DBAPIError):
         setting = getattr(exc, SETTING_ATTR, None)
         where = "" if setting is None else f" [{setting}]"

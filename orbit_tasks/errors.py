@@ -7,12 +7,27 @@ Messages name the bad value and the allowed range; they never carry secrets or b
 Stores and rules name the fields of their callers' values (``batch_size``, ``expect_revision``),
 never a command's flags: a message may hold ``{field}`` placeholders for the ``fields`` it names,
 ``str(exc)`` shows the field names, and the CLI words them as its flags
-(:func:`orbit_tasks.error_lines.describe_error`).
+(:func:`orbit_tasks.error_lines.describe_error`). Nor do they spell a command: an error that
+points the operator to one names it as a :class:`Command` value at a ``{command}`` placeholder,
+with the values its wording needs (``command_args``), and the CLI spells the command.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
+
+
+class Command(enum.StrEnum):
+    """What an error points the operator to, named by the store or rule that raises it; only the
+    CLI spells it as a command (``error_lines.COMMANDS``); ``str(exc)`` shows the value."""
+
+    STORAGE_LIST = "storage_list"  # the registered storages
+    POLICY_SET = "policy_set"  # create a retention policy (``command_args``: kind)
+    PLAN_ENABLE = "plan_enable"  # enable a plan
+    PLAN_CONFIRM_POLICY = "plan_confirm_policy"  # confirm a plan's latest policy revision
+    JOB_SHOW = "job_show"  # one job's state
+    JOB_LIST = "job_list"  # the jobs of a namespace, a page at a time
 
 
 class OrbitError(Exception):
@@ -20,14 +35,32 @@ class OrbitError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str = "", *, fields: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        fields: tuple[str, ...] = (),
+        command: Command | None = None,
+        command_args: Mapping[str, str] | None = None,
+    ) -> None:
         self.template = message
         self.fields = fields
+        self.command = command
+        self.command_args = dict(command_args or {})
         super().__init__(self.worded({}))
 
-    def worded(self, names: Mapping[str, str]) -> str:
-        """The message with each ``{field}`` placeholder as ``names[field]`` (else the field)."""
+    def worded(
+        self, names: Mapping[str, str], commands: Mapping[Command, str] | None = None
+    ) -> str:
+        """The message with each ``{field}`` placeholder as ``names[field]`` (else the field)
+        and its ``{command}`` as ``commands[command]`` (else the command's value), in which each
+        ``{arg}`` of ``command_args`` is replaced by its value."""
         text = self.template
+        if self.command is not None:
+            spelled = (commands or {}).get(self.command, self.command.value)
+            for arg, value in self.command_args.items():
+                spelled = spelled.replace("{" + arg + "}", value)
+            text = text.replace("{command}", spelled)
         for field in self.fields:  # plain replacement: braces in values stay as they are
             text = text.replace("{" + field + "}", names.get(field, field))
         return text

@@ -13,6 +13,8 @@ these functions decide what they mean.
   the file it wrote.
 * :func:`chain_expectation` -- what a job row expects of its chain.
 * :func:`read_ahead_roots` -- how many roots the next read-ahead query asks for.
+* :class:`After`, :class:`Guard` -- what a confirm does with the lease, and the control
+  generation its chained UPDATE requires.
 """
 
 from __future__ import annotations
@@ -91,6 +93,30 @@ def fit_to_cap(
         if roots == 1:
             raise JobFailure(ErrorCode.ROOT_TOO_LARGE)
         roots, final = roots // 2, False
+
+
+class After(enum.StrEnum):
+    """What a confirm does with the claim's lease (``store.jobs.confirm``)."""
+
+    KEEP = "keep"  # the final batch: the lease is kept for the final step
+    CHAIN = "chain"  # the next claim is taken in the same statement
+    RELEASE = "release"  # the job goes back to PENDING (time slice over, or a wait)
+
+
+class Guard(enum.StrEnum):
+    """The control generation a chained confirm requires inside its UPDATE."""
+
+    NONE = ""  # no guard (not chained, or no controls read)
+    ROW = "row"  # the generation row holds the value the chain last read
+    NO_ROW = "no_row"  # there is still no generation row
+
+
+def confirm_guard(after: After, generation: int | None, no_generation: int) -> Guard:
+    """The guard of a confirm: only a chained confirm of a claim chain that read the controls
+    (``generation``) has one; ``no_generation`` is the value read when there was no row."""
+    if after is not After.CHAIN or generation is None:
+        return Guard.NONE
+    return Guard.NO_ROW if generation == no_generation else Guard.ROW
 
 
 class Fate(enum.Enum):

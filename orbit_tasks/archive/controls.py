@@ -169,16 +169,23 @@ def validate_rate(raw: str | int) -> int:
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise InvalidInput(f"--max-roots-per-second {raw!r} is not an integer {allowed}") from None
+        raise InvalidInput(
+            f"{{max_roots_per_second}} {raw!r} is not an integer {allowed}",
+            fields=("max_roots_per_second",),
+        ) from None
     if not 1 <= value <= MAX_ROOTS_PER_SECOND:
-        raise InvalidInput(f"--max-roots-per-second {value} is out of range {allowed}")
+        raise InvalidInput(
+            f"{{max_roots_per_second}} {value} is out of range {allowed}",
+            fields=("max_roots_per_second",),
+        )
     return value
 
 
 def validate_reason(text: str) -> str:
     if not text.strip() or len(text) > MAX_REASON:
         raise InvalidInput(
-            f"--reason of {len(text)} characters is invalid (allowed 1..{MAX_REASON} characters)"
+            f"{{reason}} of {len(text)} characters is invalid (allowed 1..{MAX_REASON} characters)",
+            fields=("reason",),
         )
     return text
 

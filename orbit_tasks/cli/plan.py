@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from orbit_tasks.archive import plans as schedule
+from orbit_tasks.archive.controls import ControlKind
 from orbit_tasks.archive.engine import preview as plan_preview
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.wakeups import publish_tick
@@ -380,7 +381,7 @@ def _controls_text(d: dict[str, Any]) -> str:
         parts.append("PAUSED")
     if d["throttled"]:
         parts.append(f"throttled to {d['max_roots_per_second']} roots/s")
-    windows = [w for c in d["controls"] if c["control"] == "window" for w in c["windows"]]
+    windows = [w for c in d["controls"] if c["control"] == ControlKind.WINDOW for w in c["windows"]]
     if windows:
         where = "OUTSIDE" if d["outside_window"] else "inside"
         parts.append(f"{where} its window ({' '.join(windows)} UTC)")

@@ -119,3 +119,25 @@ def test_stores_name_fields_and_the_cli_words_them_as_flags() -> None:
     assert describe_error(needs)[0] == "a new plan needs --storage, --interval"
     braces = InvalidInput("{max_bytes} {'a': 1} is not an integer", fields=("max_bytes",))
     assert describe_error(braces)[0] == "--max-bytes {'a': 1} is not an integer"
+
+
+def test_archive_rules_name_fields_that_the_cli_words_as_their_flags() -> None:
+    import datetime as dt
+
+    from orbit_tasks.archive import controls
+    from orbit_tasks.archive.restore.run import Window
+
+    with pytest.raises(InvalidInput) as rate:
+        controls.validate_rate("2.5")
+    assert str(rate.value).startswith("max_roots_per_second '2.5' is not an integer")
+    assert describe_error(rate.value)[0] == (
+        "--max-roots-per-second '2.5' is not an integer (allowed an integer 1..10,000,000)"
+    )
+    with pytest.raises(InvalidInput) as reason:
+        controls.validate_reason(" ")
+    assert describe_error(reason.value)[0].startswith("--reason of 1 characters is invalid")
+    with pytest.raises(InvalidInput) as window:
+        Window(dt.datetime(2026, 3, 2), dt.datetime(2026, 3, 1))
+    plain, worded = str(window.value), describe_error(window.value)[0]
+    assert plain.startswith("from_ 2026-03-02") and " must be before until 2026-03-01" in plain
+    assert worded.startswith("--from 2026-03-02") and " must be before --until 2026-03-01" in worded

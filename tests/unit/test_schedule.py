@@ -221,7 +221,7 @@ def test_run_refusal_names_the_first_reason() -> None:
     )  # fmt: skip
 
     def refusal(**change: Any) -> str:
-        return s.run_refusal(**{**ok, **change}) or ""
+        return str(s.run_refusal(**{**ok, **change}) or "")
 
     assert s.run_refusal(**ok) is None
     assert "not ACTIVE" in refusal(namespace_state="DISABLED")

@@ -200,7 +200,7 @@ def preview(
         enabled=plan.enabled,
         next_run_at=plan.next_run_at,
         now=now,
-        namespace_active=state == "ACTIVE",
+        namespace_active=plan_rules.namespace_active(state),
         policy_revision=plan.policy_revision,
         latest_policy_revision=latest,
         active_job_id=plan.active_job_id,

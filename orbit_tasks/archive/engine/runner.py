@@ -617,9 +617,9 @@ def _confirm(
     its confirm follow a pause)."""
     c = ch.claim
     job = c.job
-    after: store.After = "keep" if f.final else "chain"
+    after = store.After.KEEP if f.final else store.After.CHAIN
     if not f.final and (stop is not None or (follow is None and time.monotonic() >= ch.deadline)):
-        after = "release"
+        after = store.After.RELEASE
     try:
         while True:
             try:
@@ -635,7 +635,7 @@ def _confirm(
                 ch.gate.reload(ch.conn)
                 stop = _boundary(ch, f)
                 if stop is not None:
-                    after = "release"
+                    after = store.After.RELEASE
     except LeaseLost:
         leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, stored)
         if follow is not None:

@@ -74,7 +74,9 @@ class Window:
     def __post_init__(self) -> None:
         if self.from_ is not None and self.until is not None and self.from_ >= self.until:
             raise InvalidInput(
-                f"--from {format_ts(self.from_)} must be before --until {format_ts(self.until)}"
+                f"{{from_}} {format_ts(self.from_)} must be before {{until}} "
+                f"{format_ts(self.until)}",
+                fields=("from_", "until"),
             )
 
     def contains(self, ts: datetime) -> bool:
@@ -162,7 +164,8 @@ def job_directory(volumes: Mapping[bytes, Place], job: Job) -> JobFiles:
         given = ", ".join(sorted(s.hex() for s in volumes)) or "none"
         raise InvalidInput(
             f"job {job.id.hex()} belongs to storage {job.storage_id.hex()}, "
-            f"but --volume gives storage {given}"
+            f"but {{volumes}} gives storage {given}",
+            fields=("volumes",),
         )
     return open_storage(volume).job(job.namespace_id, job.id)
 

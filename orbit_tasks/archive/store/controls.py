@@ -49,6 +49,7 @@ from orbit_tasks.archive.controls import (
 from orbit_tasks.archive.controls import (
     take_budget as budget_rule,
 )
+from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.db.engine import DB_CLOCK, Clock, is_mysql
 from orbit_tasks.db.platform_tables import archive_controls as C
 from orbit_tasks.db.platform_tables import archive_jobs as J
@@ -352,7 +353,7 @@ def waiting_counts(conn: Connection) -> dict[tuple[bytes, str], int]:
     rows = conn.execute(
         select(J.c.storage_id, W.c.reason, func.count())
         .select_from(W.join(J, and_(J.c.namespace_id == W.c.namespace_id, J.c.id == W.c.job_id)))
-        .where(W.c.since.is_not(None), J.c.state == "PENDING")
+        .where(W.c.since.is_not(None), J.c.state == JobState.PENDING.value)
         .group_by(J.c.storage_id, W.c.reason)
     ).all()
     return {(bytes(r[0]), str(r[1])): int(r[2]) for r in rows}

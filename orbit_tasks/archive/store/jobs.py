@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -42,6 +42,7 @@ from sqlalchemy import (
 
 from orbit_tasks import failpoints
 from orbit_tasks.archive import plans as plan_rules
+from orbit_tasks.archive.claims import After, Guard, confirm_guard
 from orbit_tasks.archive.format.chain import ChainProgress
 from orbit_tasks.archive.jobs import (
     ErrorCode,
@@ -70,12 +71,10 @@ from orbit_tasks.db.engine import atomic as atomic_transaction
 from orbit_tasks.db.platform_tables import archive_job_ends as E
 from orbit_tasks.db.platform_tables import archive_jobs as J
 from orbit_tasks.db.platform_tables import archive_plans, archive_policies, job_checks
-from orbit_tasks.errors import InvalidInput, LeaseLost, NotFound, StaleRevision
+from orbit_tasks.errors import Command, InvalidInput, LeaseLost, NotFound, StaleRevision
 from orbit_tasks.ids import new_id, random_id
 from orbit_tasks.platform.store import insert_audit
 
-After = Literal["keep", "chain", "release"]
-Guard = Literal["", "row", "no_row"]  # the chained confirm's generation guard (none, =, missing)
 Bind = Engine | Connection
 
 
@@ -183,12 +182,23 @@ def _as_seen(job: Job, now: datetime) -> list[Any]:
     return cond
 
 
-def _fence(c: Claim) -> list[Any]:
-    return [
-        _key(c.job.namespace_id, c.job.id),
-        J.c.lease_id == c.lease_id,
-        J.c.state == JobState.RUNNING.value,
-    ]
+def lease_fence(
+    ns_id: Any, job_id: Any, lease_id: Any, *, prefix: tuple[Any, Any] | None = None
+) -> list[Any]:
+    """The fence of every write of a claim (docs/architecture.md, "fence"): the job's key,
+    ``lease_id = :mine AND state = 'RUNNING'``, and with ``prefix`` = (``batches``,
+    ``last_sha256``) the confirmed prefix the write builds on. Values or bind parameters."""
+    cond = [_key(ns_id, job_id), J.c.lease_id == lease_id, J.c.state == JobState.RUNNING.value]
+    if prefix is not None:
+        batches, tail = prefix
+        cond += [J.c.batches == batches, J.c.last_sha256 == tail]
+    return cond
+
+
+def _fence(c: Claim, *, on_chain: bool = False) -> list[Any]:
+    """:func:`lease_fence` of claim ``c`` (``on_chain``: and of the prefix its job row holds)."""
+    prefix = (c.job.batches, c.job.last_sha256) if on_chain else None
+    return lease_fence(c.job.namespace_id, c.job.id, c.lease_id, prefix=prefix)
 
 
 def confirm(
@@ -228,10 +238,9 @@ def confirm(
         last_sha256=sha256,
         revision=job.revision + 1,
     )
-    new_lease = random_id() if after == "chain" else None
-    guarded: Guard = ""
-    if after == "chain" and generation is not None:
-        guarded = "no_row" if generation == NO_GENERATION else "row"
+    after = After(after)
+    new_lease = random_id() if after is After.CHAIN else None
+    guarded = confirm_guard(after, generation, NO_GENERATION)
     if clock is DB_CLOCK:
         stmt = _confirm_statement(after, lease_seconds, guarded)
     else:  # a test clock: its instant is a literal of this one statement
@@ -243,7 +252,7 @@ def confirm(
     )  # fmt: skip
     if new_lease is not None:
         params["v_lease"] = new_lease
-    if guarded == "row":
+    if guarded is Guard.ROW:
         params["w_gen"] = generation
     with _transaction(bind) as conn:
         if conn.execute(stmt, params).rowcount != 1:
@@ -253,7 +262,7 @@ def confirm(
     if new_lease is not None:
         chained = replace(confirmed, attempts=job.attempts + 1, lease_id=new_lease)
         return Claim(chained, new_lease, False, c.claimed_at)
-    if after == "keep":
+    if after is After.KEEP:
         return Claim(confirmed, c.lease_id, False, c.claimed_at)
     return None
 
@@ -264,15 +273,13 @@ class ControlsChanged(Exception):
 
 
 def _fence_holds(conn: Connection, c: Claim) -> bool:
-    row = conn.execute(
-        select(J.c.id).where(
-            *_fence(c), J.c.batches == c.job.batches, J.c.last_sha256 == c.job.last_sha256
-        )
-    ).first()
+    row = conn.execute(select(J.c.id).where(*_fence(c, on_chain=True))).first()
     return row is not None
 
 
-def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: Guard = "") -> Any:
+def _confirm_update(
+    after: After, lease_seconds: int, clock: Clock, guarded: Guard = Guard.NONE
+) -> Any:
     """The fenced confirm of one file (``lease_id``, RUNNING, the confirmed ``batches`` and
     ``last_sha256`` it extends) with the clock inside the statement; parameters ``w_*`` (the
     fence) and ``v_*`` (the new counters, the chained lease id)."""
@@ -284,31 +291,27 @@ def _confirm_update(after: After, lease_seconds: int, clock: Clock, guarded: Gua
         revision=J.c.revision + 1,
         updated_at=clock.sql(),
     )
-    if after == "chain":
+    if after is After.CHAIN:
         values.update(
             attempts=J.c.attempts + 1,
             lease_id=bindparam("v_lease"),
             lease_until=clock.sql(lease_seconds),
         )
-    elif after == "release":
+    elif after is After.RELEASE:
         values.update(state=JobState.PENDING.value, lease_id=None, lease_until=None)
-    cond = [
-        J.c.namespace_id == bindparam("w_ns"),
-        J.c.id == bindparam("w_id"),
-        J.c.lease_id == bindparam("w_lease"),
-        J.c.state == JobState.RUNNING.value,
-        J.c.batches == bindparam("w_batches"),
-        J.c.last_sha256 == bindparam("w_tail"),
-    ]
-    if guarded == "row":
+    cond = lease_fence(
+        bindparam("w_ns"), bindparam("w_id"), bindparam("w_lease"),
+        prefix=(bindparam("w_batches"), bindparam("w_tail")),
+    )  # fmt: skip
+    if guarded is Guard.ROW:
         cond.append(bindparam("w_gen") == GENERATION_SQL)
-    elif guarded == "no_row":
+    elif guarded is Guard.NO_ROW:
         cond.append(NO_GENERATION_SQL)
     return update(J).where(*cond).values(**values)
 
 
 @functools.cache
-def _confirm_statement(after: After, lease_seconds: int, guarded: Guard = "") -> Any:
+def _confirm_statement(after: After, lease_seconds: int, guarded: Guard = Guard.NONE) -> Any:
     """:func:`_confirm_update` with the database clock, built once per shape: building an
     UPDATE and its cache key costs about ten times the statement's own round trip."""
     return _confirm_update(after, lease_seconds, DB_CLOCK, guarded)
@@ -319,11 +322,10 @@ def _fenced_update(
 ) -> None:
     """One write of claim ``c``: ``WHERE lease_id = :mine AND state = 'RUNNING'`` (and, with
     ``on_chain``, the confirmed ``batches``/``last_sha256`` it builds on); bumps the revision."""
-    cond = list(_fence(c))
-    if on_chain:
-        cond += [J.c.batches == c.job.batches, J.c.last_sha256 == c.job.last_sha256]
     result = conn.execute(
-        update(J).where(*cond).values(**values, revision=J.c.revision + 1, updated_at=clock.sql())
+        update(J)
+        .where(*_fence(c, on_chain=on_chain))
+        .values(**values, revision=J.c.revision + 1, updated_at=clock.sql())
     )
     if result.rowcount != 1:
         raise LeaseLost(f"job {c.job.id.hex()}: {what} rejected, lease lost")
@@ -338,12 +340,7 @@ def check_lease(bind: Bind, c: Claim, *, clock: Clock = DB_CLOCK) -> None:
     not take the new owner's confirmed files for leftovers."""
     with _transaction(bind) as conn:
         row = conn.execute(
-            select(J.c.id).where(
-                *_fence(c),
-                J.c.batches == c.job.batches,
-                J.c.last_sha256 == c.job.last_sha256,
-                J.c.lease_until >= clock.sql(),
-            )
+            select(J.c.id).where(*_fence(c, on_chain=True), J.c.lease_until >= clock.sql())
         ).first()
     if row is None:
         raise LeaseLost(f"job {c.job.id.hex()}: lease lost before removing leftovers")
@@ -386,12 +383,7 @@ def expire_lost_lease(
     with _transaction(bind) as conn:
         result = conn.execute(
             update(J)
-            .where(
-                _key(ns_id, job_id),
-                J.c.state == JobState.RUNNING.value,
-                J.c.lease_id == lease_id,
-                J.c.lease_until >= clock.sql(),
-            )
+            .where(*lease_fence(ns_id, job_id, lease_id), J.c.lease_until >= clock.sql())
             .values(lease_until=clock.sql(-1))
         )
         if result.rowcount != 1:
@@ -466,7 +458,7 @@ def next_job(conn: Connection, job: Job, clock: Clock) -> bytes | None:
         enabled=plan.enabled,
         next_run_at=now,
         now=now,
-        namespace_active=states.get(job.namespace_id) == "ACTIVE",
+        namespace_active=plan_rules.namespace_active(states.get(job.namespace_id)),
         policy_revision=plan.policy_revision,
         latest_policy_revision=latest.get((job.namespace_id, job.kind)),
         active_job_id=None,
@@ -717,7 +709,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, bytes]:
         return datetime.fromisoformat(ts), bytes.fromhex(hex_id)
     except (ValueError, TypeError) as exc:
         raise InvalidInput(
-            f"--after {cursor!r} is not a cursor printed by 'orbit job list' ({type(exc).__name__})"
+            f"{{after}} {cursor!r} is not a cursor printed by {{command}} ({type(exc).__name__})",
+            fields=("after",),
+            command=Command.JOB_LIST,
         ) from None
 
 
@@ -731,7 +725,9 @@ def list_jobs(
 ) -> tuple[list[Job], str | None]:
     """Jobs of a namespace oldest first (keyset on ix_archive_job_list); returns the next cursor."""
     if not 1 <= limit <= 1000:
-        raise InvalidInput(f"--limit {limit} is out of range (allowed 1..1000)")
+        raise InvalidInput(
+            f"{{limit}} {limit} is out of range (allowed 1..1000)", fields=("limit",)
+        )
     q = select(J).where(J.c.namespace_id == ns_id)
     if state is not None:
         q = q.where(J.c.state == state.value)

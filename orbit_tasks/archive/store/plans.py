@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -36,6 +36,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.archive import plans
+from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.db.engine import Clock, is_mysql
 from orbit_tasks.db.platform_tables import (
     archive_jobs,
@@ -44,7 +45,7 @@ from orbit_tasks.db.platform_tables import (
     heartbeat,
     namespaces,
 )
-from orbit_tasks.errors import IllegalState, InvalidInput, NotFound, StaleRevision
+from orbit_tasks.errors import NotFound, StaleRevision
 from orbit_tasks.platform.store import (
     insert_audit,
     latest_policy,
@@ -53,46 +54,8 @@ from orbit_tasks.platform.store import (
 
 P = archive_plans.c
 J = archive_jobs.c
-CONFIG_FIELDS = (
-    "enabled",
-    "policy_revision",
-    "storage_id",
-    "interval_seconds",
-    "batch_size",
-    "max_bytes",
-)
-
-
-@dataclass(frozen=True)
-class Plan:
-    namespace_id: bytes
-    kind: str
-    revision: int
-    enabled: bool
-    policy_revision: int
-    storage_id: bytes
-    interval_seconds: int
-    batch_size: int
-    max_bytes: int
-    next_run_at: dt.datetime
-    active_job_id: bytes | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ids as hex, times as ISO strings."""
-        out: dict[str, Any] = {}
-        for key, value in asdict(self).items():
-            if isinstance(value, bytes):
-                value = value.hex()
-            elif isinstance(value, dt.datetime):
-                value = _stamp(value)
-            out[key] = value
-        return out
-
-
-def _stamp(value: dt.datetime) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+Plan = plans.Plan  # the plan as a value (archive.plans), as the store's callers name it
+_stamp = plans.stamp
 
 
 @dataclass(frozen=True)
@@ -168,32 +131,44 @@ def set_plan(
     ``expect_revision`` must be absent or 0 ("must not exist yet"). On update, None keeps the
     current value. A change bumps ``revision`` and ``updated_at`` and writes an audit row; a
     change to identical values writes nothing. Raises InvalidInput / NotFound / IllegalState /
-    StaleRevision before anything is written.
+    StaleRevision before anything is written. The store reads the facts (the namespace's state,
+    the current plan, whether the storage is registered, the latest policy revision); the
+    decisions are the rules of :mod:`orbit_tasks.archive.plans`.
     """
-    _check_target(conn, ns_id, kind, expect_revision)
+    plans.validate_kind(kind)
+    plans.check_expect_revision(expect_revision)
+    plans.check_namespace(ns_id, namespace_state_shared(conn, ns_id))
     current = get_plan(conn, ns_id, kind)
-    given: dict[str, Any] = {
-        "storage_id": storage_id,
-        "interval_seconds": interval,
-        "batch_size": batch_size,
-        "max_bytes": max_bytes,
-        "policy_revision": policy_revision,
-    }
-    merged, new_enabled = _merge(kind, current, given, enabled, expect_revision)
-    values = _checked_values(conn, ns_id, kind, merged, new_enabled)
+    change = plans.PlanChange(
+        storage_id=storage_id,
+        interval_seconds=interval,
+        batch_size=batch_size,
+        max_bytes=max_bytes,
+        policy_revision=policy_revision,
+        enabled=enabled,
+        expect_revision=expect_revision,
+    )
+    values = plans.merge_change(kind, current, change)
+    plans.check_references(
+        kind,
+        values,
+        storage_registered=storage_exists(conn, values.storage_id),
+        latest_policy_revision=latest_policy_revision(conn, ns_id, kind),
+    )
     next_run = plans.next_run_on_change(
         None if current is None else current.enabled,
-        new_enabled,
+        values.enabled,
         None if current is None else current.next_run_at,
         now,
     )
+    changes = plans.plan_changes(current, values)
     if current is None:
-        changes = _insert_plan(conn, ns_id, kind, values, next_run, now)
+        _insert_plan(conn, ns_id, kind, values, next_run, now)
         revision = 1
     else:
-        changes = _update_plan(conn, current, values, next_run, now)
         if not changes:
             return SetPlanResult(current, created=False, changed=False)
+        _update_plan(conn, current, values, next_run, now)
         revision = current.revision + 1
     insert_audit(
         conn,
@@ -210,98 +185,15 @@ def set_plan(
     return SetPlanResult(plan, created=current is None, changed=True)
 
 
-def _check_target(conn: Connection, ns_id: bytes, kind: str, expect_revision: int | None) -> None:
-    """The kind, the expected revision's range, and an ACTIVE namespace (shared lock)."""
-    plans.validate_kind(kind)
-    if expect_revision is not None and expect_revision < 0:
-        raise InvalidInput(
-            f"{{expect_revision}} {expect_revision} is out of range (allowed 0 or more)",
-            fields=("expect_revision",),
-        )
-    state = namespace_state_shared(conn, ns_id)
-    if state is None:
-        raise NotFound(f"namespace {ns_id.hex()} does not exist")
-    if state != "ACTIVE":
-        raise IllegalState(f"namespace {ns_id.hex()} is {state}, not ACTIVE")
-
-
-def _merge(
-    kind: str,
-    current: Plan | None,
-    given: dict[str, Any],
-    enabled: bool | None,
-    expect_revision: int | None,
-) -> tuple[dict[str, Any], bool]:
-    """The plan's values after the change (None keeps the current value) and its ``enabled``;
-    a new plan needs every value, and the expected revision must match."""
-    if current is None:
-        missing = tuple(k for k, v in given.items() if v is None)
-        if missing:
-            needs = ", ".join("{" + k + "}" for k in missing)
-            raise InvalidInput(f"a new plan needs {needs}", fields=missing)
-        if expect_revision not in (None, 0):
-            raise StaleRevision(
-                f"plan {kind!r} does not exist (expected revision {expect_revision}; use 0 or "
-                "omit {expect_revision} to create it)",
-                fields=("expect_revision",),
-            )
-        return given, bool(enabled)
-    if expect_revision is not None and expect_revision != current.revision:
-        raise StaleRevision(
-            f"plan {kind!r} is at revision {current.revision}, not {expect_revision}"
-        )
-    merged = {k: getattr(current, k) if v is None else v for k, v in given.items()}
-    return merged, current.enabled if enabled is None else enabled
-
-
-def _checked_values(
-    conn: Connection, ns_id: bytes, kind: str, merged: dict[str, Any], new_enabled: bool
-) -> dict[str, Any]:
-    """Every value in its range, a registered storage and an existing policy revision: the
-    columns to write."""
-    config = plans.validate_config(
-        plans.PlanConfig(
-            kind=kind,
-            interval_seconds=merged["interval_seconds"],
-            batch_size=merged["batch_size"],
-            max_bytes=merged["max_bytes"],
-            policy_revision=merged["policy_revision"],
-        )
-    )
-    new_storage: bytes = merged["storage_id"]
-    if not storage_exists(conn, new_storage):
-        raise NotFound(f"storage {new_storage.hex()} is not registered (see orbit storage list)")
-    latest = latest_policy_revision(conn, ns_id, kind)
-    if latest is None:
-        raise NotFound(
-            f"no retention policy for kind {kind!r} in this namespace (create one with "
-            f"orbit policy set NS {kind} --archive-after DURATION)"
-        )
-    if config.policy_revision > latest:
-        raise InvalidInput(
-            f"{{policy_revision}} {config.policy_revision} does not exist for kind {kind!r} "
-            f"(allowed 1..{latest})",
-            fields=("policy_revision",),
-        )
-    return dict(
-        enabled=new_enabled,
-        policy_revision=config.policy_revision,
-        storage_id=new_storage,
-        interval_seconds=config.interval_seconds,
-        batch_size=config.batch_size,
-        max_bytes=config.max_bytes,
-    )
-
-
 def _insert_plan(
     conn: Connection,
     ns_id: bytes,
     kind: str,
-    values: dict[str, Any],
+    values: plans.PlanValues,
     next_run: dt.datetime | None,
     now: dt.datetime,
-) -> dict[str, list[Any]]:
-    """A new plan at revision 1; returns the audit's changes."""
+) -> None:
+    """A new plan at revision 1."""
     try:
         conn.execute(
             insert(archive_plans).values(
@@ -312,27 +204,21 @@ def _insert_plan(
                 active_job_id=None,
                 created_at=now,
                 updated_at=now,
-                **values,
+                **values.columns(),
             )
         )
     except IntegrityError:
         raise StaleRevision(f"plan {kind!r} was created concurrently; retry") from None
-    return {k: [None, _show(v)] for k, v in values.items()}
 
 
 def _update_plan(
     conn: Connection,
     current: Plan,
-    values: dict[str, Any],
+    values: plans.PlanValues,
     next_run: dt.datetime | None,
     now: dt.datetime,
-) -> dict[str, list[Any]]:
-    """The changed values, compare-and-set on the revision read; returns the audit's changes
-    (empty: nothing differs, nothing written)."""
-    old = {k: getattr(current, k) for k in CONFIG_FIELDS}
-    changes = {k: [_show(old[k]), _show(v)] for k, v in values.items() if old[k] != v}
-    if not changes:
-        return changes
+) -> None:
+    """The plan's new values, compare-and-set on the revision read."""
     # next_run_at is written only when the change moves it (into enabled: due now). Else it
     # stays the tick's column: a tick may have advanced it since ``current`` was read, and
     # the compare-and-set on ``revision`` does not see that (ticks never bump it).
@@ -344,15 +230,10 @@ def _update_plan(
             P.kind == current.kind,
             P.revision == current.revision,
         )
-        .values(revision=current.revision + 1, updated_at=now, **moved, **values)
+        .values(revision=current.revision + 1, updated_at=now, **moved, **values.columns())
     )
     if result.rowcount != 1:
         raise StaleRevision(f"plan {current.kind!r} changed concurrently; retry")
-    return changes
-
-
-def _show(value: Any) -> Any:
-    return value.hex() if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)
@@ -377,8 +258,8 @@ def run_plan(
     plan's ``revision`` does not change: no configuration changed."""
     plans.validate_kind(kind)
     state = namespace_state_shared(conn, ns_id)
-    if state is None:
-        raise NotFound(f"namespace {ns_id.hex()} does not exist")
+    plans.check_namespace(ns_id, state, active=False)  # an inactive one: the refusal names it
+    assert state is not None
     row = conn.execute(
         select(archive_plans).where(P.namespace_id == ns_id, P.kind == kind).with_for_update()
     ).first()
@@ -399,7 +280,7 @@ def run_plan(
         active_job_state=active_state,
     )
     if refusal is not None:
-        raise IllegalState(f"plan {kind!r} cannot run now: {refusal}")
+        raise plans.refuse_run(kind, refusal)
     due_at = plans.run_now_at(plan.next_run_at, plan.interval_seconds, now)
     if due_at != plan.next_run_at:
         result = conn.execute(
@@ -449,7 +330,7 @@ def recent_successes(
         .where(
             J.namespace_id == ns_id,
             J.kind == kind,
-            J.state == "SUCCEEDED",
+            J.state == JobState.SUCCEEDED.value,
             J.roots > 0,
         )
         .order_by(J.created_at.desc(), J.id.desc())
@@ -638,7 +519,7 @@ def new_job_row(plan: Plan, job_id: bytes, now: dt.datetime) -> dict[str, Any]:
         storage_id=plan.storage_id,
         batch_size=plan.batch_size,
         max_bytes=plan.max_bytes,
-        state="PENDING",
+        state=JobState.PENDING.value,
         created_at=now,
         updated_at=now,
     )
@@ -697,7 +578,7 @@ def expired_running_query(
     """RUNNING jobs whose lease expired: ``lease_until < now`` (at ``now == lease_until`` the
     lease still holds, SPEC §5)."""
     q = select(J.namespace_id, J.id, J.kind).where(
-        J.storage_id == storage_id, J.state == "RUNNING", J.lease_until < now
+        J.storage_id == storage_id, J.state == JobState.RUNNING.value, J.lease_until < now
     )
     if where is not None:
         q = q.where(where)
@@ -706,7 +587,9 @@ def expired_running_query(
 
 def pending_query(storage_id: bytes, limit: int, where: Any = None) -> Select[Any]:
     # lease_until is NULL for every PENDING row; ordering by it too keeps the index order.
-    q = select(J.namespace_id, J.id, J.kind).where(J.storage_id == storage_id, J.state == "PENDING")
+    q = select(J.namespace_id, J.id, J.kind).where(
+        J.storage_id == storage_id, J.state == JobState.PENDING.value
+    )
     if where is not None:
         q = q.where(where)
     return q.order_by(J.lease_until, J.updated_at).limit(limit)
