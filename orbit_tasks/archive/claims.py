@@ -13,6 +13,7 @@ these functions decide what they mean.
   the file it wrote.
 * :func:`chain_expectation` -- what a job row expects of its chain.
 * :func:`read_ahead_roots` -- how many roots the next read-ahead query asks for.
+* :func:`group_has_room` -- how many written files one confirm statement covers.
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ MAX_READ_AHEAD_ROOTS = 1000
 #: ... and for no more than about this many bytes of encoded lines, so that a job of large
 #: roots keeps a bounded amount in memory (the first query of a chain asks for one batch).
 READ_AHEAD_BYTES = 8 * 1024 * 1024
+
+
+#: Group durability (docs/archive-jobs.md, "Write-ahead depth"): a claim chain writes up to this
+#: many prepared batch files as one group -- each written and ``fsync``-ed, then ONE directory
+#: ``fsync`` -- and confirms them with ONE fenced statement, while the next group is written
+#: ahead of that confirm (so up to twice this many files are beyond the confirmed prefix).
+GROUP_FILES = 4
+#: ... and a group holds at most this many bytes (one file whatever its size): the files in
+#: memory stay bounded by a few groups.
+GROUP_BYTES = 8 * 1024 * 1024
+
+
+def group_has_room(files: int, size: int, next_size: int) -> bool:
+    """Whether a group of ``files`` files and ``size`` bytes takes one more of ``next_size``
+    bytes: the first file always; then up to :data:`GROUP_FILES` files and
+    :data:`GROUP_BYTES` bytes."""
+    return files == 0 or (files < GROUP_FILES and size + next_size <= GROUP_BYTES)
 
 
 def is_stalled(attempts: int, batches: int, max_stalls: int) -> bool:

@@ -8,6 +8,7 @@ final step that verifies the chain one file at a time.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -21,6 +22,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from orbit_tasks import counters
+from orbit_tasks.archive import claims
 from orbit_tasks.archive.engine import budget, runner, verify, volume
 from orbit_tasks.archive.engine.volume import job_dir, write_job_file
 from orbit_tasks.archive.format import batch as ff
@@ -79,7 +81,7 @@ class _Statements:
 
 
 def test_statements_listings_and_reads_per_batch_stay_constant(
-    ae: ArchiveEnv, monkeypatch: pytest.MonkeyPatch
+    ae: ArchiveEnv, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     ns, q = make_namespace(ae.engine, "perbatch")
     vol = ae.tmp / "vol"
@@ -102,6 +104,7 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     monkeypatch.setattr(volume.os, "listdir", listdir)
     monkeypatch.setattr(volume, "read_file", read_file)
     stmts = _Statements(ae.engine)
+    caplog.set_level(logging.INFO, "orbit.archive.engine.runner")
     try:  # the read-ahead in threads: its reads are counted on this engine too
         out = runner.run_job(
             ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings.with_overrides(
@@ -116,8 +119,14 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     kinds = stmts.kinds()
     print(f"statements and transaction ends per batch: {per_batch:.2f} {dict(kinds)}")
     assert per_batch <= 3.0, (per_batch, kinds)  # issue 8: about 5 instead of 13
-    # one fenced UPDATE per confirmed file (+ the first claim and the finalize)
-    assert kinds["UPDATE orbit_archive_jobs"] == done.batches + 3, kinds
+    # one fenced UPDATE per confirmed group of files (group durability: the manifest, then
+    # groups of up to GROUP_FILES batches; + the first claim and the finalize)
+    groups = [
+        r.fields for r in caplog.records if getattr(r, "action", "") == "archive.job.confirmed"
+    ]
+    assert sum(g["files"] for g in groups) == done.batches + 1
+    assert all(1 <= g["files"] <= claims.GROUP_FILES for g in groups), groups
+    assert kinds["UPDATE orbit_archive_jobs"] == len(groups) + 2, kinds
     # roots: several batches per keyset query (+ the manifest's count); children: one query
     # (the same keyset walk joined to the attempts) per root query. Before the manifest, the
     # budget's sample (SPEC §5 budget-sized ranges): the settled span, SAMPLE_POINTS root reads
