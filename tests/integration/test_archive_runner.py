@@ -145,7 +145,9 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     assert_succeeded_exactly(ae, done, vol)
 
 
-def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) -> None:
+def test_with_a_reader_process_the_runner_reads_no_source_row(
+    ae: ArchiveEnv, caplog: pytest.LogCaptureFixture
+) -> None:
     """ORBIT_ARCHIVE_READER=process (the default on MariaDB): the runner's connection counts
     the manifest's roots (and samples the range's size) and confirms; every batch's keyset read
     runs in the reader process."""
@@ -156,6 +158,7 @@ def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) ->
     seed(ae.engine, ns, q, "tasks", 400)
     job = create_job(ae, ns, "tasks")
     stmts = _Statements(ae.engine)
+    caplog.set_level(logging.INFO, "orbit.archive.engine.runner")
     try:
         out = runner.run_job(
             ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings.with_overrides(
@@ -171,7 +174,11 @@ def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) ->
     assert kinds["SELECT orbit_tasks"] == 1 + 2 + 2 * budget.SAMPLE_POINTS, kinds
     joins = sum("JOIN orbit_task_attempts" in sql for sql in stmts.sql)
     assert joins == budget.SAMPLE_POINTS
-    assert kinds["UPDATE orbit_archive_jobs"] == done.batches + 3, kinds
+    # one fenced UPDATE per confirmed group (+ the first claim and the finalize)
+    confirmed = "archive.job.confirmed"
+    groups = [r.fields for r in caplog.records if getattr(r, "action", "") == confirmed]
+    assert sum(g["files"] for g in groups) == done.batches + 1
+    assert kinds["UPDATE orbit_archive_jobs"] == len(groups) + 2, kinds
     assert_succeeded_exactly(ae, done, vol)
 
 

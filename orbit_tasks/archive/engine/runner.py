@@ -434,7 +434,8 @@ def _batches(ch: _Chain) -> Outcome:
     """Steps 3-4 for each batch, a group of files at a time (group durability, docs/archive-
     jobs.md "Write-ahead depth"). The read-ahead thread prepares the files; the prepared ones
     are admitted one by one (step 1 and the budget, counting every file ahead) into a group of
-    up to ``GROUP_FILES``; a writer thread writes the group durably (each file synced, one
+    up to ``GROUP_FILES`` (one file while a control or the load guard is in force); a writer
+    thread writes the group durably (each file synced, one
     directory sync), and ONE fenced statement confirms the group and takes the next claim.
     While that confirm is in flight the next group is written ahead (files beyond the
     confirmed prefix: if the lease is lost they are leftovers, removed by step 6 or the next
@@ -506,6 +507,7 @@ def _collect(
     group and the file to go on with (``NOT_READY`` when none is in hand)."""
     files: list[_File] = []
     size = 0
+    controlled = ch.gate is not None and not ch.gate.idle
     item: PreparedBatch | NotReady = first
     while isinstance(item, PreparedBatch):
         f = _batch_file(item)
@@ -515,7 +517,7 @@ def _collect(
             assert (f.seq, f.prev_sha256) == (job.batches + 1, job.last_sha256)
         else:
             assert (f.seq, f.prev_sha256) == (prev.seq + 1, prev.sha256)
-        if not claim_rules.group_has_room(len(files), size, len(f.data)):
+        if not claim_rules.group_has_room(len(files), size, len(f.data), controlled=controlled):
             return files, item
         code = _admit(ch, f, bytes_before + size)
         if code is not None:
