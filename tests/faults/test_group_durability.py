@@ -45,12 +45,17 @@ from tests.support.archive_jobs import (
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
 DONE = {JobState.SUCCEEDED, JobState.FAILED}
-SLOW_WRITE = "volume.before_publish=sleep:0.2"  # the reader gets ahead: the next group fills
+SLOW_WRITE = "volume.before_publish=sleep:0.1"  # the reader gets ahead: the next group fills
 
 
 @pytest.fixture
 def ae(platform_engine: Engine, mariadb_url: str, tmp_path: Path) -> Iterator[ArchiveEnv]:
-    with archive_env(mariadb_url, platform_engine, tmp_path) as env:
+    # the longest slice the test lease allows: a claim from PENDING starts with a group of one
+    # file (the reader's first query asks for one batch), so a release after every group would
+    # leave groups of one on a loaded machine
+    with archive_env(
+        mariadb_url, platform_engine, tmp_path, ORBIT_ARCHIVE_SLICE_SECONDS="3"
+    ) as env:
         yield env
 
 
