@@ -4,19 +4,24 @@ On a private MariaDB server (buffer pool 1 GiB, warmed: in cache), one real ``or
 archive -c 1`` process already running and ready (the reader process, the default on MariaDB),
 batch 100, the same settled event roots for every contender, in one run:
 
-* **catch-up**: the plan's budget is small (``--budget``, default 4 MiB: the issue's job
-  size, ~40k event roots), so the backlog is archived as consecutive jobs, each cut to its
-  budget by its first claim and created by the success of the one before (SPEC §5). The
-  clock starts when ``orbit archive tick`` is started (``orbit plan run`` is not on this
-  branch) and stops when the plan has no active job and every
-  job is SUCCEEDED. Jobs, roots per second, worker CPU, peak RSS, and each job's phases (the job
-  rows polled every 5 ms): creation -> first claim (the wake-up), claim -> manifest confirmed (the
-  cut: the sample, the index walk, the count, the record, the manifest), manifest -> last batch,
-  last batch -> SUCCEEDED (the final verify, finalize and the next job's creation).
-* **one job**: the same rows with a budget that fits them (1 GiB), from the same tick command.
+* **catch-up**: the plan's budget is small (``--budget``, default 4 MiB: the issue's job size,
+  ~40k event roots), so the backlog is archived as consecutive jobs, each cut to its budget by its
+  first claim and created by the success of the one before (SPEC §5). The clock starts when
+  ``orbit plan run NS events`` is started (the plan due now, the tick woken on ``orbit.control``,
+  which the one worker consumes too, as a one-worker deployment does) and stops when the plan has
+  no active job and every job is SUCCEEDED. Jobs, roots per second, worker CPU, peak RSS, and each
+  job's phases (the job rows polled every 5 ms): creation -> first claim (the wake-up), claim ->
+  manifest confirmed (the cut: the sample, the index walk, the count, the record, the manifest),
+  manifest -> last batch, last batch -> SUCCEEDED (the final verify, finalize and the next job's
+  creation).
+* **one job**: the same rows with a budget that fits them (1 GiB), from the same command.
 * **pt-archiver** ``--no-delete --file --limit 100 --commit-each`` over the same rows.
 
-    .venv/bin/python bench/archive_catchup.py [--events 500000] [--budget 4MiB]
+    .venv/bin/python bench/archive_catchup.py [--events 500000] [--budget 4MiB] [--profile DIR]
+
+``--profile DIR``: py-spy (``pip install py-spy`` into the venv) samples the worker's pool
+process and its reader process for each contender (``DIR/<label>.txt``, collapsed stacks, idle
+frames included: where the wall time goes); the rates are then not the benchmark's.
 
 Writes bench/archive_catchup.json and prints the commands.
 
@@ -32,10 +37,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +64,8 @@ J = archive_jobs.c
 
 class CatchUp(FromTick):
     def start(self, ns: bytes, max_bytes: int) -> None:
-        """Only ``ns``'s plan enabled and due with ``max_bytes``; earlier jobs forgotten."""
+        """Only ``ns``'s plan enabled (not due: ``orbit plan run`` makes it due) with
+        ``max_bytes``; earlier jobs forgotten."""
         with self.engine.begin() as conn:
             conn.execute(delete(archive_jobs).where(J.namespace_id == ns))
             conn.execute(delete(archive_job_ends).where(archive_job_ends.c.namespace_id == ns))
@@ -65,7 +73,11 @@ class CatchUp(FromTick):
             conn.execute(
                 update(archive_plans)
                 .where(archive_plans.c.namespace_id == ns)
-                .values(enabled=True, next_run_at=db_now(conn), max_bytes=max_bytes)
+                .values(
+                    enabled=True,
+                    next_run_at=db_now(conn) + timedelta(days=1),
+                    max_bytes=max_bytes,
+                )
             )
         shutil.rmtree(self.vol / ns.hex(), ignore_errors=True)
 
@@ -80,6 +92,18 @@ class CatchUp(FromTick):
                 select(archive_plans.c.active_job_id).where(archive_plans.c.namespace_id == ns)
             ).scalar()
         return list(rows), active
+
+    def _profile(self, label: str, pool: int) -> subprocess.Popen[bytes] | None:
+        if self.args.profile is None:
+            return None
+        out = Path(self.args.profile) / f"{label}.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        spy = ROOT / ".venv/bin/py-spy"
+        return subprocess.Popen(
+            [str(spy), "record", "--pid", str(pool), "--subprocesses", "--idle", "--threads",
+             "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
 
     def run(
         self,
@@ -100,7 +124,7 @@ class CatchUp(FromTick):
         log = open(log_path, "wb")  # noqa: SIM115 - closed below
         node = f"bench-{label}-{os.getpid()}@bench"
         worker = subprocess.Popen(
-            [ORBIT, "worker", "archive", "--volume", str(self.vol), "--no-control", "-c", "1",
+            [ORBIT, "worker", "archive", "--volume", str(self.vol), "-c", "1",
              "-n", node, "--", "--without-mingle", "--without-gossip", "--without-heartbeat"],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
@@ -114,9 +138,10 @@ class CatchUp(FromTick):
                 Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()[0]
             )
             peak, cpu_before = _PeakRss(worker.pid), _cpu_seconds(pool)
+            spy = self._profile(label, pool)
             started = time.perf_counter()
-            subprocess.run([ORBIT, "archive", "tick"], cwd=ROOT, env=self.env, check=True,
-                           stdout=subprocess.DEVNULL)  # fmt: skip
+            subprocess.run([ORBIT, "plan", "run", ns.hex(), "events"], cwd=ROOT, env=self.env,
+                           check=True, stdout=subprocess.DEVNULL)  # fmt: skip
             sample_at = 0.0
             while True:
                 rows, active = self._rows(ns)
@@ -146,6 +171,9 @@ class CatchUp(FromTick):
                 series.append(_rss_sample(worker.pid, seconds, sum(row.roots for row in rows)))
             cpu = _cpu_seconds(pool) - cpu_before
             rss = peak.stop()
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
         finally:
             os.killpg(worker.pid, 9)
             worker.wait()
@@ -258,6 +286,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=3313)
     parser.add_argument("--large", action="store_true", help="the catch-up alone, RSS sampled")
     parser.add_argument("--rss-every", type=float, default=5.0, help="seconds (with --large)")
+    parser.add_argument("--profile", default=None, help="a directory for py-spy's stacks")
+    parser.add_argument(
+        "--only",
+        choices=("catch-up", "one-job"),
+        default=None,
+        help="one contender and no pt-archiver (a profile); writes no JSON",
+    )
     args = parser.parse_args()
     args.tasks = args.small = 0
     budget = parse_size(args.budget)
@@ -272,6 +307,9 @@ def main() -> None:
         job = b.new_job(ns, "events")
         until, rows = b.until(job), _count(b, "events", ns)
         b.ceiling("warm-up", "events", ns, until, rows)
+        if args.only is not None:
+            b.run(args.only, ns, budget if args.only == "catch-up" else 1024**3)
+            return
         res["pt_archiver_commit_each_roots_per_s"] = round(
             b.pt_archiver("events", ns, until, rows, each=True)
         )

@@ -17,7 +17,9 @@ Actions:
   system call at this point would: tests the cleanup of every failure path of a durable write.
 
 Names used by the archive runner: ``archive.after_claim``, ``archive.after_file_write`` (durably
-written, not yet confirmed), ``archive.after_confirm``, ``archive.before_finalize``, and in its
+written, not yet confirmed), ``archive.after_group_write`` (a group of batch files durable, not
+confirmed, nothing written after it), ``archive.before_confirm`` (the next group may be being
+written ahead), ``archive.after_confirm``, ``archive.before_finalize``, and in its
 read-ahead thread ``archive.read_ahead`` (a prepared batch file handed over, not written);
 the job store's ``archive.finalize.before_commit`` (SUCCEEDED and the plan written, not
 committed: the job and plan rows are locked). The relay's ``sender.claim.before_commit`` (a page

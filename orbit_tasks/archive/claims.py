@@ -15,6 +15,7 @@ these functions decide what they mean.
 * :func:`read_ahead_roots` -- how many roots the next read-ahead query asks for.
 * :class:`After`, :class:`Guard` -- what a confirm does with the lease, and the control
   generation its chained UPDATE requires.
+* :func:`group_has_room` -- how many written files one confirm statement covers.
 """
 
 from __future__ import annotations
@@ -41,6 +42,28 @@ MAX_READ_AHEAD_ROOTS = 1000
 #: ... and for no more than about this many bytes of encoded lines, so that a job of large
 #: roots keeps a bounded amount in memory (the first query of a chain asks for one batch).
 READ_AHEAD_BYTES = 8 * 1024 * 1024
+
+
+#: Group durability (docs/archive-jobs.md, "Write-ahead depth"): a claim chain writes up to this
+#: many prepared batch files as one group -- each written and ``fsync``-ed, then ONE directory
+#: ``fsync`` -- and confirms them with ONE fenced statement, while the next group is written
+#: ahead of that confirm (so up to twice this many files are beyond the confirmed prefix).
+GROUP_FILES = 4
+#: ... and a group holds at most this many bytes (one file whatever its size): the files in
+#: memory stay bounded by a few groups.
+GROUP_BYTES = 8 * 1024 * 1024
+
+
+def group_has_room(files: int, size: int, next_size: int, *, controlled: bool = False) -> bool:
+    """Whether a group of ``files`` files and ``size`` bytes takes one more of ``next_size``
+    bytes: the first file always; then up to :data:`GROUP_FILES` files and
+    :data:`GROUP_BYTES` bytes. A ``controlled`` chain (an archive control in force on its
+    scope, or the load guard: its batch boundaries are checked) keeps one file per confirm, so
+    a pause, a window, a throttle's turn per batch and the load guard act at every file as
+    before; group durability is the speed of an unconstrained chain."""
+    if files == 0:
+        return True
+    return not controlled and files < GROUP_FILES and size + next_size <= GROUP_BYTES
 
 
 def is_stalled(attempts: int, batches: int, max_stalls: int) -> bool:
@@ -114,7 +137,7 @@ class Guard(enum.StrEnum):
 def confirm_guard(after: After, generation: int | None, no_generation: int) -> Guard:
     """The guard of a confirm: only a chained confirm of a claim chain that read the controls
     (``generation``) has one; ``no_generation`` is the value read when there was no row."""
-    if after is not After.CHAIN or generation is None:
+    if after != After.CHAIN or generation is None:
         return Guard.NONE
     return Guard.NO_ROW if generation == no_generation else Guard.ROW
 

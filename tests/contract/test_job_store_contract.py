@@ -315,3 +315,74 @@ def test_expire_lost_lease_is_fenced_by_the_dead_claims_own_live_lease(engine: E
         is None
     )
     assert _read(engine, job.namespace_id, job.id).lease_id == second.lease_id
+
+
+def _files(*sizes: int) -> list[job_store.WrittenFile]:
+    return [
+        job_store.WrittenFile(is_batch=True, roots=10, size=size, sha256=f"{i:02x}" * 32)
+        for i, size in enumerate(sizes, start=1)
+    ]
+
+
+def test_one_statement_confirms_a_group_as_its_files_would_one_by_one(engine: Engine) -> None:
+    """Group durability: ``confirm_files`` of k files = k confirms (the first k-1 chaining):
+    batches/attempts grow by the files chained, roots/bytes by their sums, the tail is the
+    last file's; the fence is the claim and the prefix it extends, as for one file."""
+    job = _job(engine)
+    c = _claim(engine, job, T0)
+    assert c is not None
+    at = T0 + dt.timedelta(seconds=5)
+    clock = FixedClock(at)
+    manifest = job_store.confirm(
+        engine, c, is_batch=False, roots=0, size=100, sha256=SHA, after="chain",
+        lease_seconds=LEASE, clock=clock,
+    )  # fmt: skip
+    assert manifest is not None
+    group = _files(10, 20, 30)
+    nxt = job_store.confirm_files(
+        engine, manifest, group, after="chain", lease_seconds=LEASE, clock=clock
+    )
+    assert nxt is not None and nxt.lease_id != manifest.lease_id
+    row = _read(engine, job.namespace_id, job.id)
+    assert (row.attempts, row.batches, row.roots, row.bytes) == (5, 3, 30, 160)
+    assert row.last_sha256 == group[-1].sha256 and row.lease_id == nxt.lease_id
+    assert row.revision == manifest.job.revision + 1  # one statement
+    assert row == dataclass_replace(nxt.job, lease_until=row.lease_until, updated_at=at)
+    # the claim it chained from is dead; so is a group built on a stale prefix
+    with pytest.raises(LeaseLost):
+        job_store.confirm_files(
+            engine, manifest, _files(5, 5), after="chain", lease_seconds=LEASE, clock=clock
+        )
+    # a final group keeps the lease: attempts == batches + 1 for the finalize
+    kept = job_store.confirm_files(
+        engine, nxt, _files(7, 8), after="keep", lease_seconds=LEASE, clock=clock
+    )
+    assert kept is not None and kept.lease_id == nxt.lease_id
+    row = _read(engine, job.namespace_id, job.id)
+    assert (row.attempts, row.batches, row.roots, row.bytes) == (6, 5, 50, 175)
+    assert row.attempts == row.batches + 1
+    job_store.finalize(engine, kept)
+    assert _read(engine, job.namespace_id, job.id).state is JobState.SUCCEEDED
+
+
+def test_a_released_group_counts_the_claims_its_files_chained(engine: Engine) -> None:
+    job = _job(engine)
+    c = _claim(engine, job, T0)
+    assert c is not None
+    clock = FixedClock(T0 + US)
+    m = job_store.confirm(
+        engine, c, is_batch=False, roots=0, size=1, sha256=SHA, after="chain",
+        lease_seconds=LEASE, clock=clock,
+    )  # fmt: skip
+    assert m is not None
+    out = job_store.confirm_files(
+        engine, m, _files(1, 1, 1, 1), after="release", lease_seconds=LEASE, clock=clock
+    )
+    assert out is None
+    row = _read(engine, job.namespace_id, job.id)
+    assert row.state is JobState.PENDING and row.lease_id is None
+    # as four confirms one by one (three chained, the last released): the next claim from
+    # PENDING counts its own attempt, the live claim's, as after any release
+    assert (row.attempts, row.batches) == (5, 4)
+    again = _claim(engine, row, T0 + 2 * US)
+    assert again is not None and again.job.attempts == again.job.batches + 2

@@ -19,6 +19,7 @@ import pytest
 import redis
 from sqlalchemy import func, insert, select
 
+from orbit_tasks.archive.claims import GROUP_FILES
 from orbit_tasks.archive.engine import budget
 from orbit_tasks.archive.engine.volume import job_dir, write_identity
 from orbit_tasks.archive.format.names import parse_name, tail_name
@@ -109,8 +110,8 @@ def test_sigkill_at_a_step_boundary_then_takeover(
     at_kill = ae.job(ns, job.id)
     assert at_kill.state is JobState.RUNNING  # the dead claim still holds its lease
     confirmed = _confirmed(file_snapshot(vol, job), at_kill)
-    if "after_file_write" in failpoint:
-        assert len(file_snapshot(vol, job)) == len(confirmed) + 1  # one unconfirmed file
+    if "after_file_write" in failpoint:  # the group of batch 2, durable and unconfirmed
+        assert 1 <= len(file_snapshot(vol, job)) - len(confirmed) <= GROUP_FILES
     ae.worker("rescuer", [vol])
     done = wait_state(ae, job, DONE, timeout=60)
     assert done.state is JobState.SUCCEEDED, done
@@ -181,7 +182,7 @@ def test_stale_worker_confirm_is_rejected(ae: ArchiveEnv) -> None:
     written = file_snapshot(vol, job)
     at_stop = ae.job(ns, job.id)
     stale_files = set(written) - set(_confirmed(written, at_stop))
-    assert len(stale_files) == 1  # the file it wrote and did not confirm
+    assert 1 <= len(stale_files) <= GROUP_FILES  # the group it wrote and did not confirm
     ae.worker("owner", [vol])
     # wait until the new owner confirmed past the stale worker's file
     past = tick_wait(
@@ -237,12 +238,13 @@ def _consumed_queues(ae: ArchiveEnv, w: Any) -> set[str]:
 def test_tampered_batch_is_chain_broken_and_verify_names_it(ae: ArchiveEnv) -> None:
     ns, _, vol, _ = _setup(ae, "tamper")
     marker = ae.tmp / "marker"
-    victim = ae.worker("victim", [vol], failpoints=f"archive.after_confirm=pause@4:{marker}")
+    # the second confirm: the manifest's, then the first group's (not final: 6 batches)
+    victim = ae.worker("victim", [vol], failpoints=f"archive.after_confirm=pause@2:{marker}")
     job = create_job(ae, ns, "tasks")
     wait_marker(marker)
     victim.signal(signal.SIGKILL)
     at_kill = ae.job(ns, job.id)
-    assert at_kill.batches == 3
+    assert 1 <= at_kill.batches <= GROUP_FILES
     d = job_dir(vol, ns, job.id)
     batch1 = next(p for p in d.iterdir() if (n := parse_name(p.name)) and n.seq == 1)
     data = bytearray(batch1.read_bytes())

@@ -8,6 +8,7 @@ final step that verifies the chain one file at a time.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -20,6 +21,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from orbit_tasks import counters
+from orbit_tasks.archive import claims
 from orbit_tasks.archive.engine import budget, runner, verify, volume
 from orbit_tasks.archive.engine.volume import job_dir, write_job_file
 from orbit_tasks.archive.format import batch as ff
@@ -68,7 +70,7 @@ class _Statements:
 
 
 def test_statements_listings_and_reads_per_batch_stay_constant(
-    ae: ArchiveEnv, monkeypatch: pytest.MonkeyPatch
+    ae: ArchiveEnv, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     ns, q, vol, sid = archive_scene(
         ae.engine, name="perbatch", volume=ae.tmp / "vol", batch_size=10,
@@ -90,6 +92,7 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     monkeypatch.setattr(volume.os, "listdir", listdir)
     monkeypatch.setattr(volume, "read_file", read_file)
     stmts = _Statements(ae.engine)
+    caplog.set_level(logging.INFO, "orbit.archive.engine.runner")
     try:  # the read-ahead in threads: its reads are counted on this engine too
         out = runner.run_job(
             ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings.with_overrides(
@@ -104,8 +107,14 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     kinds = stmts.kinds()
     print(f"statements and transaction ends per batch: {per_batch:.2f} {dict(kinds)}")
     assert per_batch <= 3.0, (per_batch, kinds)  # issue 8: about 5 instead of 13
-    # one fenced UPDATE per confirmed file (+ the first claim and the finalize)
-    assert kinds["UPDATE orbit_archive_jobs"] == done.batches + 3, kinds
+    # one fenced UPDATE per confirmed group of files (group durability: the manifest, then
+    # groups of up to GROUP_FILES batches; + the first claim and the finalize)
+    groups = [
+        r.fields for r in caplog.records if getattr(r, "action", "") == "archive.job.confirmed"
+    ]
+    assert sum(g["files"] for g in groups) == done.batches + 1
+    assert all(1 <= g["files"] <= claims.GROUP_FILES for g in groups), groups
+    assert kinds["UPDATE orbit_archive_jobs"] == len(groups) + 2, kinds
     # roots: several batches per keyset query (+ the manifest's count); children: one query
     # (the same keyset walk joined to the attempts) per root query. Before the manifest, the
     # budget's sample (SPEC §5 budget-sized ranges): the settled span, SAMPLE_POINTS root reads
@@ -124,7 +133,9 @@ def test_statements_listings_and_reads_per_batch_stay_constant(
     assert_succeeded_exactly(ae, done, vol)
 
 
-def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) -> None:
+def test_with_a_reader_process_the_runner_reads_no_source_row(
+    ae: ArchiveEnv, caplog: pytest.LogCaptureFixture
+) -> None:
     """ORBIT_ARCHIVE_READER=process (the default on MariaDB): the runner's connection counts
     the manifest's roots (and samples the range's size) and confirms; every batch's keyset read
     runs in the reader process."""
@@ -133,6 +144,7 @@ def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) ->
     ).parts
     job = create_job(ae, ns, "tasks")
     stmts = _Statements(ae.engine)
+    caplog.set_level(logging.INFO, "orbit.archive.engine.runner")
     try:
         out = runner.run_job(
             ns.hex(), job.id.hex(), {sid.hex(): vol}, ae.settings.with_overrides(
@@ -148,7 +160,11 @@ def test_with_a_reader_process_the_runner_reads_no_source_row(ae: ArchiveEnv) ->
     assert kinds["SELECT orbit_tasks"] == 1 + 2 + 2 * budget.SAMPLE_POINTS, kinds
     joins = sum("JOIN orbit_task_attempts" in sql for sql in stmts.sql)
     assert joins == budget.SAMPLE_POINTS
-    assert kinds["UPDATE orbit_archive_jobs"] == done.batches + 3, kinds
+    # one fenced UPDATE per confirmed group (+ the first claim and the finalize)
+    confirmed = "archive.job.confirmed"
+    groups = [r.fields for r in caplog.records if getattr(r, "action", "") == confirmed]
+    assert sum(g["files"] for g in groups) == done.batches + 1
+    assert kinds["UPDATE orbit_archive_jobs"] == len(groups) + 2, kinds
     assert_succeeded_exactly(ae, done, vol)
 
 

@@ -98,3 +98,15 @@ def test_read_ahead_roots() -> None:
     per_root = rules.READ_AHEAD_BYTES // 300  # 300 roots fill the byte budget
     assert rules.read_ahead_roots(10, per_root * 50, 50) == 300
     assert rules.read_ahead_roots(10, 20 * 1024 * 1024, 1) == 10  # huge roots: one batch
+
+
+def test_group_has_room() -> None:
+    mib = 1024 * 1024
+    assert rules.group_has_room(0, 0, 100 * mib)  # the first file, whatever its size
+    assert rules.group_has_room(1, 100, 100)
+    assert rules.group_has_room(rules.GROUP_FILES - 1, 100, 100)
+    assert not rules.group_has_room(rules.GROUP_FILES, 100, 100)  # full by count
+    assert rules.group_has_room(1, rules.GROUP_BYTES - 100, 100)  # exactly the bytes: fits
+    assert not rules.group_has_room(1, rules.GROUP_BYTES - 100, 101)  # full by bytes
+    assert rules.group_has_room(0, 0, 100, controlled=True)
+    assert not rules.group_has_room(1, 100, 100, controlled=True)  # a control: one file

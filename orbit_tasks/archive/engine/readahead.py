@@ -44,7 +44,9 @@ from orbit_tasks.logs import log_action
 
 log = logging.getLogger("orbit.archive.engine.readahead")
 
-DEPTH = 2  # prepared files (and encoded chunks) waiting for the next stage
+DEPTH = 2  # encoded chunks waiting for the next stage
+#: prepared files waiting for the runner: a whole group's worth (group durability)
+FILES_DEPTH = claims.GROUP_FILES
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ class ReadAhead:
         self._cap = cap
         self._lines: queue.Queue[_Lines | _Raised] = queue.Queue(DEPTH)
         self._out: Handover[PreparedBatch | _Exhausted | _Raised] = Handover(
-            DEPTH, lambda item: isinstance(item, PreparedBatch)
+            FILES_DEPTH, lambda item: isinstance(item, PreparedBatch)
         )
         self._stop = threading.Event()
         tag = job.id.hex()[:8]

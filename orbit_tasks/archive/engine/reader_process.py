@@ -44,6 +44,7 @@ from typing import IO, Any
 from sqlalchemy import Engine
 
 from orbit_tasks.archive.engine.readahead import (
+    FILES_DEPTH,
     NOT_READY,
     Handover,
     NotReady,
@@ -62,7 +63,9 @@ from orbit_tasks.settings import Settings
 
 log = logging.getLogger("orbit.archive.engine.reader_process")
 
-DEPTH = 2  # prepared files received and waiting for the runner (the process holds more)
+#: prepared files received and waiting for the runner: a whole group's worth (group
+#: durability; the process holds more)
+DEPTH = FILES_DEPTH
 _PR_SET_PDEATHSIG = 1
 
 

@@ -42,9 +42,9 @@ from orbit_tasks.archive.engine import claim_marks, gate, leftovers, verify
 from orbit_tasks.archive.engine.budget import fit_range, manifest_bytes
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
-from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch
-from orbit_tasks.archive.engine.reader_process import open_read_ahead
-from orbit_tasks.archive.engine.storage import JobFiles, Place, Storage, open_storage
+from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
+from orbit_tasks.archive.engine.reader_process import ProcessReadAhead, open_read_ahead
+from orbit_tasks.archive.engine.storage import JobFiles, Place, Storage, open_storage, store_files
 from orbit_tasks.archive.engine.storage import parse_volumes as parse_volumes
 from orbit_tasks.archive.engine.volume import ArchiveIOError, DiskFull, StoredFile
 from orbit_tasks.archive.format import names as file_names
@@ -380,7 +380,7 @@ def _claims(ch: _Chain) -> Outcome:
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
             stored = ch.directory.store(manifest.name, manifest.data)
             _written(ch, manifest)
-            outcome = _confirm(ch, manifest, stored, None, _boundary(ch, manifest))
+            outcome = _confirm(ch, [manifest], [stored], None, _boundary(ch, manifest))
             if outcome is not Outcome.CHAINED:
                 return outcome
         if ch.tail_final:
@@ -416,12 +416,31 @@ def _batch_file(p: PreparedBatch) -> _File:
     return _File(p.name, p.sha256, p.data, p.roots, p.final, True, p.seq, p.prev_sha256)
 
 
+@dataclass(frozen=True)
+class _Group:
+    """Files written as one group (group durability): the write under way in the writer
+    thread, which returns the files it stored and the error that stopped it (if any)."""
+
+    files: list[_File]
+    writing: Future[tuple[list[StoredFile], Exception | None]]
+
+
+def _write(ch: _Chain, writer: ThreadPoolExecutor, files: list[_File]) -> _Group:
+    items = [(f.name, f.data) for f in files]
+    return _Group(files, writer.submit(store_files, ch.directory, items))
+
+
 def _batches(ch: _Chain) -> Outcome:
-    """Steps 3-4 for each batch. The read-ahead thread prepares the files; a writer thread
-    writes file n+1 durably while file n's confirm is in flight (write-ahead by one file: if the
-    lease is lost, it is a leftover beyond the prefix, removed by step 6 or the next owner).
-    Every error of file n+1 (step 1, budget, the write itself) takes effect only after file n
-    is confirmed, as if the files were handled one after the other."""
+    """Steps 3-4 for each batch, a group of files at a time (group durability, docs/archive-
+    jobs.md "Write-ahead depth"). The read-ahead thread prepares the files; the prepared ones
+    are admitted one by one (step 1 and the budget, counting every file ahead) into a group of
+    up to ``GROUP_FILES`` (one file while a control or the load guard is in force); a writer
+    thread writes the group durably (each file synced, one
+    directory sync), and ONE fenced statement confirms the group and takes the next claim.
+    While that confirm is in flight the next group is written ahead (files beyond the
+    confirmed prefix: if the lease is lost they are leftovers, removed by step 6 or the next
+    owner). Every error of a file (step 1, budget, the write itself) takes effect only after
+    the files before it are confirmed, as if the files were handled one after the other."""
     job = ch.claim.job
     assert ch.rng is not None
     with (
@@ -437,42 +456,89 @@ def _batches(ch: _Chain) -> Outcome:
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
         upcoming: PreparedBatch | None | NotReady = ahead.next()
-        writing: Future[StoredFile] | None = None
+        written: _Group | None = None  # written ahead of the confirm in flight
         while True:
-            if upcoming is NOT_READY:
-                upcoming = ahead.next()
-            if upcoming is None:  # the source ran out before a final batch: the final step
-                return _finish(ch)  # tells SOURCE_CHANGED
-            job = ch.claim.job
-            current = _batch_file(upcoming)
-            # the thread builds on the chain this claim extends (it started from our tail)
-            assert (current.seq, current.prev_sha256) == (job.batches + 1, job.last_sha256)
-            if writing is None:  # not written ahead: step 1, budget and the write now
-                _refuse(_admit(ch, current, job.bytes))
-                writing = writer.submit(ch.directory.store, current.name, current.data)
-            stored = writing.result()
-            _written(ch, current)
-            writing, upcoming = None, NOT_READY
-            stop = _boundary(ch, current)
-            if not current.final and stop is None and time.monotonic() < ch.deadline:
-                upcoming = ahead.ready()  # write the next file ahead only if it is ready
-                if upcoming is not NOT_READY:
-                    follow = _batch_file(upcoming)
-                    if _admit(ch, follow, job.bytes + len(current.data)) is None:
-                        writing = writer.submit(
-                            ch.directory.store, follow.name, follow.data
-                        )  # else: refused again, after this confirm, in the next round
-            outcome = _confirm(ch, current, stored, writing, stop)
+            if written is None:  # nothing written ahead: step 1, budget and the write now
+                if upcoming is NOT_READY:
+                    upcoming = ahead.next()
+                if upcoming is None:  # the source ran out before a final batch: the final
+                    return _finish(ch)  # step tells SOURCE_CHANGED
+                job = ch.claim.job
+                files, upcoming = _collect(ch, ahead, upcoming, None, job.bytes)
+                written = _write(ch, writer, files)
+            group, written = written, None
+            stored, error = group.writing.result()
+            files = group.files[: len(stored)]
+            if not files:
+                assert error is not None
+                raise error
+            for f in files:
+                _written(ch, f)
+            failpoints.hit("archive.after_group_write")  # durable, nothing written after it
+            last = files[-1]
+            stop = _boundary(ch, last, sum(f.roots for f in files))
+            if error is None and not last.final and stop is None:
+                if time.monotonic() < ch.deadline and upcoming is NOT_READY:
+                    upcoming = ahead.ready()  # write the next group ahead only if it is ready
+                if time.monotonic() < ch.deadline and isinstance(upcoming, PreparedBatch):
+                    before = ch.claim.job.bytes + sum(len(f.data) for f in files)
+                    follow, upcoming = _collect(ch, ahead, upcoming, last, before)
+                    if follow:  # else: refused, checked again after this confirm
+                        written = _write(ch, writer, follow)
+            outcome = _confirm(ch, files, stored, written, stop)
             if outcome is not Outcome.CHAINED:
                 return outcome
+            if error is not None:  # the files before it are confirmed: now it fails the job
+                raise error
 
 
-def _boundary(ch: _Chain, f: _File) -> WaitReason | None:
-    """The batch boundary before ``f``'s confirm: a reason to release instead of chaining the
-    next claim (a final file is confirmed with its lease kept whatever the controls say)."""
+def _collect(
+    ch: _Chain,
+    ahead: ReadAhead | ProcessReadAhead,
+    first: PreparedBatch,
+    after: _File | None,
+    bytes_before: int,
+) -> tuple[list[_File], PreparedBatch | NotReady]:
+    """A group: ``first`` and the prepared files that are ready after it, each admitted (step 1
+    and the budget, with ``bytes_before`` + the group's bytes), up to ``GROUP_FILES`` and a
+    final file. ``after``: the file the group follows, not confirmed yet (written ahead), or
+    None for a group that extends the confirmed tail: then a refused first file fails the job
+    now; else it is returned, unwritten, to be admitted again after the confirm. Returns the
+    group and the file to go on with (``NOT_READY`` when none is in hand)."""
+    files: list[_File] = []
+    size = 0
+    controlled = ch.gate is not None and not ch.gate.idle
+    item: PreparedBatch | NotReady = first
+    while isinstance(item, PreparedBatch):
+        f = _batch_file(item)
+        prev = files[-1] if files else after
+        if prev is None:  # the thread builds on the chain this claim extends (our tail)
+            job = ch.claim.job
+            assert (f.seq, f.prev_sha256) == (job.batches + 1, job.last_sha256)
+        else:
+            assert (f.seq, f.prev_sha256) == (prev.seq + 1, prev.sha256)
+        if not claim_rules.group_has_room(len(files), size, len(f.data), controlled=controlled):
+            return files, item
+        code = _admit(ch, f, bytes_before + size)
+        if code is not None:
+            if not files and after is None:
+                raise JobFailure(code)
+            return files, item
+        files.append(f)
+        size += len(f.data)
+        if f.final:
+            return files, NOT_READY
+        item = ahead.ready()
+    return files, NOT_READY
+
+
+def _boundary(ch: _Chain, f: _File, roots: int | None = None) -> WaitReason | None:
+    """The batch boundary before the confirm that ends with ``f`` (of ``roots`` roots in all:
+    a group's; default ``f``'s): a reason to release instead of chaining the next claim (a
+    final file is confirmed with its lease kept whatever the controls say)."""
     if f.final or ch.gate is None:
         return None
-    return ch.gate.at_boundary(ch.conn, f.seq, f.roots, ch.deadline)
+    return ch.gate.at_boundary(ch.conn, f.seq, f.roots if roots is None else roots, ch.deadline)
 
 
 def _check_volume(ch: _Chain) -> None:
@@ -603,29 +669,36 @@ def _refuse(code: ErrorCode | None) -> None:
 
 def _confirm(
     ch: _Chain,
-    f: _File,
-    stored: StoredFile,
-    follow: Future[StoredFile] | None,
+    files: list[_File],
+    stored: list[StoredFile],
+    follow: _Group | None,
     stop: WaitReason | None = None,
 ) -> Outcome:
-    """Step 4 after the durable write: the fenced confirm that chains the next claim (or keeps
-    the lease for the final step, or releases the job at the end of the time slice or because
-    ``stop`` says wait). Returns ``chained``, or the outcome of the final step / ``released`` /
-    ``stopped``. ``follow`` is the write of the next file, already under way (only when
-    chaining). A chained confirm compares the control generation inside its UPDATE; when it
-    changed, the controls are read again and the boundary asked again (at most one batch and
-    its confirm follow a pause)."""
+    """Step 4 after the durable write of ``files`` (a group, in chain order): ONE fenced
+    confirm of them all that chains the next claim (or keeps the lease for the final step, or
+    releases the job at the end of the time slice or because ``stop`` says wait). Returns
+    ``chained``, or the outcome of the final step / ``released`` / ``stopped``. ``follow`` is
+    the write of the next group, already under way (only when chaining). A chained confirm
+    compares the control generation inside its UPDATE; when it changed, the controls are read
+    again and the boundary asked again (at most the files written ahead follow a pause)."""
     c = ch.claim
     job = c.job
-    after = store.After.KEEP if f.final else store.After.CHAIN
-    if not f.final and (stop is not None or (follow is None and time.monotonic() >= ch.deadline)):
+    last = files[-1]
+    after = store.After.KEEP if last.final else store.After.CHAIN
+    if not last.final and (
+        stop is not None or (follow is None and time.monotonic() >= ch.deadline)
+    ):
         after = store.After.RELEASE
+    written = [
+        store.WrittenFile(is_batch=f.is_batch, roots=f.roots, size=len(f.data), sha256=f.sha256)
+        for f in files
+    ]
+    failpoints.hit("archive.before_confirm")  # the next group may be under way
     try:
         while True:
             try:
-                nxt = store.confirm(
-                    ch.conn, c, is_batch=f.is_batch, roots=f.roots, size=len(f.data),
-                    sha256=f.sha256, after=after,
+                nxt = store.confirm_files(
+                    ch.conn, c, written, after=after,
                     lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
                     generation=None if ch.gate is None else ch.gate.generation,
                 )  # fmt: skip
@@ -633,40 +706,48 @@ def _confirm(
             except store.ControlsChanged:
                 assert ch.gate is not None
                 ch.gate.reload(ch.conn)
-                stop = _boundary(ch, f)
+                stop = _boundary(ch, last, sum(f.roots for f in files))
                 if stop is not None:
                     after = store.After.RELEASE
     except LeaseLost:
-        leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, stored)
-        if follow is not None:
-            with contextlib.suppress(Exception):  # a failed write left nothing to remove
-                ahead = follow.result()
-                leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
+        for f, s in zip(files, stored, strict=True):
+            leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, s)
+        _remove_written_ahead(ch, c, follow)
         raise
     log_action(
         log, "archive.job.confirmed", namespace_id=job.namespace_id, job_id=job.id,
-        file=f.name, batches=job.batches + (1 if f.is_batch else 0), roots=job.roots + f.roots,
-        bytes=job.bytes + len(f.data), after=after,
+        file=last.name, files=len(files),
+        batches=job.batches + sum(1 for f in files if f.is_batch),
+        roots=job.roots + sum(f.roots for f in files),
+        bytes=job.bytes + sum(len(f.data) for f in files), after=after,
     )  # fmt: skip
     failpoints.hit("archive.after_confirm")
-    if after == "release" and stop is not None:
+    if after == store.After.RELEASE and stop is not None:
         # written ahead before the controls changed, not confirmed: step 6 leaves it while the
         # job can be claimed (a next claim may adopt it by name); else the final step removes it
-        if follow is not None:
-            with contextlib.suppress(Exception):
-                ahead = follow.result()
-                leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, ahead.path.name, ahead)
+        _remove_written_ahead(ch, c, follow)
         _stopped(ch, stop)
         return Outcome.STOPPED
-    if after == "release":
+    if after == store.After.RELEASE:
         return Outcome.RELEASED
     assert nxt is not None
     ch.claim = nxt
     claim_marks.hold(job.namespace_id, job.id, nxt.lease_id)
-    if after == "keep":
+    if after == store.After.KEEP:
         ch.tail_final = True
         return _finish(ch)
     return Outcome.CHAINED
+
+
+def _remove_written_ahead(ch: _Chain, c: store.Claim, follow: _Group | None) -> None:
+    """Step 6 for the group written ahead of a confirm that did not chain: each file it stored
+    goes unless a claim may still confirm it (:func:`leftovers.remove_unless_confirmed`)."""
+    if follow is None:
+        return
+    with contextlib.suppress(Exception):  # a failed write left nothing to remove
+        ahead, _error = follow.writing.result()
+        for f, s in zip(follow.files, ahead, strict=False):
+            leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, s)
 
 
 def _stopped(ch: _Chain, reason: WaitReason) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -119,6 +119,11 @@ class FolderJob:
     def store(self, name: str, data: bytes) -> StoredFile:
         return volume.store_job_file(self.directory, name, data)
 
+    def store_group(
+        self, files: Sequence[tuple[str, bytes]]
+    ) -> tuple[list[StoredFile], Exception | None]:
+        return volume.store_job_files(self.directory, files)
+
     def remove(self, names: Collection[str]) -> None:
         for name in names:
             with contextlib.suppress(FileNotFoundError):
@@ -160,6 +165,25 @@ class FolderStorage:
 
     def job(self, namespace_id: bytes, job_id: bytes) -> FolderJob:
         return FolderJob(volume.job_dir(self.root, namespace_id, job_id))
+
+
+def store_files(
+    directory: JobFiles, files: Sequence[tuple[str, bytes]]
+) -> tuple[list[StoredFile], Exception | None]:
+    """Durably publish several chain files in chain order (group durability, SPEC §5 step 4):
+    on a folder each file is written and synced, then ONE directory ``fsync`` covers their
+    names (:func:`volume.store_job_files`); elsewhere (an S3 prefix: every PUT is durable by
+    itself) one :meth:`JobFiles.store` each. Stops at the first failure: returns the files
+    stored before it and the error, which the runner raises once it has confirmed those."""
+    if isinstance(directory, FolderJob):
+        return directory.store_group(files)
+    stored: list[StoredFile] = []
+    for name, data in files:
+        try:
+            stored.append(directory.store(name, data))
+        except Exception as exc:  # raised by the runner after the confirm of ``stored``
+            return stored, exc
+    return stored, None
 
 
 Place = Path | S3Location | Storage

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -268,10 +268,57 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
     """
     check_chain_name(name, data)
     directory = Path(dirpath)
+    try:
+        _ensure_dir(directory)
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    stored = _publish(directory, name, data)
+    try:
+        failpoints.hit("volume.before_dir_fsync")
+        fsync_dir(directory)
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    return stored
+
+
+def store_job_files(
+    dirpath: Path, files: Sequence[tuple[str, bytes]]
+) -> tuple[list[StoredFile], ArchiveIOError | None]:
+    """:func:`store_job_file` for several chain files in chain order, with ONE directory
+    ``fsync`` after their publishes (group durability: every file is durable when this returns,
+    each its own ``fsync`` before its ``link``). Stops at the first file that fails and returns
+    the files stored before it and that error (the caller confirms those, then fails); the
+    directory is synced whenever something was published. A failed directory sync raises: the
+    names it published stay unconfirmed leftovers, as in :func:`store_job_file`."""
+    directory = Path(dirpath)
+    stored: list[StoredFile] = []
+    error: ArchiveIOError | None = None
+    for name, data in files:
+        check_chain_name(name, data)
+    try:
+        _ensure_dir(directory)
+    except OSError as exc:
+        return [], _os_error(exc, files[0][0])
+    for name, data in files:
+        try:
+            stored.append(_publish(directory, name, data))
+        except ArchiveIOError as exc:
+            error = exc
+            break
+    if stored:
+        try:
+            failpoints.hit("volume.before_dir_fsync")
+            fsync_dir(directory)
+        except OSError as exc:
+            raise _os_error(exc, stored[-1].path.name) from None
+    return stored, error
+
+
+def _publish(directory: Path, name: str, data: bytes) -> StoredFile:
+    """Write, ``fsync`` and ``link`` one chain file (the directory is not synced here)."""
     final = directory / name
     tmp: Path | None = None
     try:
-        _ensure_dir(directory)
         tmp, inode = _write_temp(directory, name, data)
         failpoints.hit("volume.before_publish")
         created = True
@@ -287,8 +334,6 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
                 inode = os.fstat(fh.fileno()).st_ino
         os.unlink(tmp)
         tmp = None
-        failpoints.hit("volume.before_dir_fsync")
-        fsync_dir(directory)
         return StoredFile(final, created, inode)
     except OSError as exc:
         raise _os_error(exc, name) from None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -315,6 +315,92 @@ def _confirm_statement(after: After, lease_seconds: int, guarded: Guard = Guard.
     """:func:`_confirm_update` with the database clock, built once per shape: building an
     UPDATE and its cache key costs about ten times the statement's own round trip."""
     return _confirm_update(after, lease_seconds, DB_CLOCK, guarded)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WrittenFile:
+    """One durably written file of a group confirm (:func:`confirm_files`)."""
+
+    is_batch: bool
+    roots: int
+    size: int
+    sha256: str
+
+
+def confirm_files(
+    bind: Bind,
+    c: Claim,
+    files: Sequence[WrittenFile],
+    *,
+    after: After,
+    lease_seconds: int,
+    clock: Clock = DB_CLOCK,
+    generation: int | None = None,
+) -> Claim | None:
+    """Group durability: confirm several durably written files -- the next chain positions
+    after the confirmed prefix, in order -- in ONE fenced UPDATE, as if each file but the last
+    had been confirmed by :func:`confirm` with ``chain`` and the last with ``after``: ``batches``
+    and ``attempts`` grow by the files each chained (``attempts == batches + 1`` stays true of a
+    healthy job), ``roots`` and ``bytes`` by their sums, ``last_sha256`` is the last file's.
+    The fence, ``generation``, ``after`` and the result are :func:`confirm`'s; one file is
+    :func:`confirm` itself."""
+    assert files, "a group confirm needs a file"
+    if len(files) == 1:
+        f = files[0]
+        return confirm(
+            bind, c, is_batch=f.is_batch, roots=f.roots, size=f.size, sha256=f.sha256,
+            after=after, lease_seconds=lease_seconds, clock=clock, generation=generation,
+        )  # fmt: skip
+    job = c.job
+    after = After(after)
+    more = len(files) - 1 + (1 if after == After.CHAIN else 0)  # the claims the files chained
+    confirmed = replace(
+        job,
+        batches=job.batches + sum(1 for f in files if f.is_batch),
+        roots=job.roots + sum(f.roots for f in files),
+        bytes=job.bytes + sum(f.size for f in files),
+        last_sha256=files[-1].sha256,
+        attempts=job.attempts + more,
+        revision=job.revision + 1,
+    )
+    new_lease = random_id() if after == After.CHAIN else None
+    guarded = confirm_guard(after, generation, NO_GENERATION)
+    if clock is DB_CLOCK:
+        stmt = _group_statement(after, lease_seconds, guarded)
+    else:  # a test clock: its instant is a literal of this one statement
+        stmt = _group_update(after, lease_seconds, clock, guarded)
+    params = dict(
+        w_ns=job.namespace_id, w_id=job.id, w_lease=c.lease_id, w_batches=job.batches,
+        w_tail=job.last_sha256, v_batches=confirmed.batches, v_roots=confirmed.roots,
+        v_bytes=confirmed.bytes, v_sha=confirmed.last_sha256, v_more=more,
+    )  # fmt: skip
+    if new_lease is not None:
+        params["v_lease"] = new_lease
+    if guarded is Guard.ROW:
+        params["w_gen"] = generation
+    with _transaction(bind) as conn:
+        if conn.execute(stmt, params).rowcount != 1:
+            if guarded and _fence_holds(conn, c):
+                raise ControlsChanged(f"job {job.id.hex()}: the controls changed")
+            raise LeaseLost(f"job {job.id.hex()}: confirm rejected, lease lost")
+    if new_lease is not None:
+        return Claim(replace(confirmed, lease_id=new_lease), new_lease, False, c.claimed_at)
+    if after == After.KEEP:
+        return Claim(confirmed, c.lease_id, False, c.claimed_at)
+    return None
+
+
+def _group_update(after: After, lease_seconds: int, clock: Clock, guarded: Guard = Guard.NONE) -> Any:
+    """:func:`_confirm_update` whose ``attempts`` grow by ``v_more`` (the claims a group of
+    files chained)."""
+    stmt = _confirm_update(after, lease_seconds, clock, guarded)
+    return stmt.values(attempts=J.c.attempts + bindparam("v_more"))
+
+
+@functools.cache
+def _group_statement(after: After, lease_seconds: int, guarded: Guard = Guard.NONE) -> Any:
+    """:func:`_group_update` with the database clock, built once per shape."""
+    return _group_update(after, lease_seconds, DB_CLOCK, guarded)
 
 
 def _fenced_update(
