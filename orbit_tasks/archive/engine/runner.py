@@ -714,6 +714,8 @@ def _confirm(
             leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, s)
         _remove_written_ahead(ch, c, follow)
         raise
+    if nxt is not None:  # at once: a child killed from here on names the claim it holds
+        claim_marks.hold(job.namespace_id, job.id, nxt.lease_id)
     log_action(
         log, "archive.job.confirmed", namespace_id=job.namespace_id, job_id=job.id,
         file=last.name, files=len(files),
@@ -732,7 +734,6 @@ def _confirm(
         return Outcome.RELEASED
     assert nxt is not None
     ch.claim = nxt
-    claim_marks.hold(job.namespace_id, job.id, nxt.lease_id)
     if after == store.After.KEEP:
         ch.tail_final = True
         return _finish(ch)

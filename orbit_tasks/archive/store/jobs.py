@@ -390,7 +390,9 @@ def confirm_files(
     return None
 
 
-def _group_update(after: After, lease_seconds: int, clock: Clock, guarded: Guard = Guard.NONE) -> Any:
+def _group_update(
+    after: After, lease_seconds: int, clock: Clock, guarded: Guard = Guard.NONE
+) -> Any:
     """:func:`_confirm_update` whose ``attempts`` grow by ``v_more`` (the claims a group of
     files chained)."""
     stmt = _confirm_update(after, lease_seconds, clock, guarded)
