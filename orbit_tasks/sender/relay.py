@@ -32,6 +32,7 @@ from orbit_tasks.logs import log_action
 from orbit_tasks.sender import holds, policy, store
 from orbit_tasks.sender.client import Identity, IdentityUnavailable, PlatformClient
 from orbit_tasks.sender.pass_records import BatchRaced, Finished, Owned, PassStats, Sent
+from orbit_tasks.timestamps import format_ts
 
 __all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
@@ -339,7 +340,7 @@ class Relay:
         log_action(
             logger, "sender.queue.held", namespace_id=row.namespace_id, queue_id=row.queue_id,
             seconds=round(seconds, 3), asked_seconds=outcome.retry_after, status=result.status,
-            until=until.isoformat() + "Z",
+            until=format_ts(until),
         )  # fmt: skip
 
     # --- one row: the fenced outcome write (the pass's thread) ---------------------------------

@@ -28,6 +28,7 @@ from orbit_tasks.errors import InvalidInput
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
 from orbit_tasks.sender.policy import OutboxState
+from orbit_tasks.timestamps import format_ts
 
 logger = logging.getLogger("orbit.sender.retention")
 PAGE_ROWS = 500
@@ -53,7 +54,7 @@ class PruneReport:
     def as_fields(self) -> dict[str, Any]:
         return {
             "older_than_seconds": self.older_than_seconds,
-            "cutoff": self.cutoff.isoformat(timespec="microseconds") + "Z",
+            "cutoff": format_ts(self.cutoff),
             "dry_run": self.dry_run,
             "scanned": self.scanned,
             "pages": self.pages,

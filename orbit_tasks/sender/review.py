@@ -22,13 +22,14 @@ from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.errors import IllegalState, InvalidInput, NotFound
 from orbit_tasks.logs import log_action
 from orbit_tasks.sender import policy, store
+from orbit_tasks.timestamps import format_optional
 
 logger = logging.getLogger("orbit.sender.review")
 PAGE_ROWS = 200
 
 
 def _iso(value: dt.datetime | None) -> str | None:
-    return None if value is None else value.isoformat(timespec="microseconds") + "Z"
+    return format_optional(value)
 
 
 def _item(row: Any, action: str, why: str = "") -> dict[str, Any]:

@@ -50,6 +50,7 @@ from orbit_tasks.platform.store import (
     latest_policy,
     storage_exists,
 )
+from orbit_tasks.timestamps import format_ts
 
 P = archive_plans.c
 J = archive_jobs.c
@@ -92,7 +93,7 @@ class Plan:
 
 
 def _stamp(value: dt.datetime) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_ts(value)
 
 
 @dataclass(frozen=True)
