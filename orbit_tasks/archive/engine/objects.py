@@ -67,6 +67,7 @@ log = logging.getLogger("orbit.archive.engine.objects")
 #: The retry pauses of one request: full jitter over ``min(CAP, BASE * 2**attempt)`` seconds.
 RETRY_BASE_SECONDS = 0.05
 RETRY_CAP_SECONDS = 2.0
+
 #: S3 error codes of a refused identity or permission (job code ACCESS_DENIED).
 DENIED_CODES = frozenset(
     {
