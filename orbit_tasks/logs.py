@@ -15,10 +15,11 @@ import json
 import logging
 import re
 import sys
-from datetime import UTC, datetime
 from typing import IO, Any
 
+from orbit_tasks.redaction import redact_urls
 from orbit_tasks.settings import LOG_FORMATS, get_settings
+from orbit_tasks.timestamps import format_epoch
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 REDACTED = "<redacted>"
@@ -44,11 +45,6 @@ _REDACTIONS: list[tuple[re.Pattern[str], Any]] = [
         re.compile(rf"(?i)\b(bearer|basic)\s+(?={_TOKEN_CHARS}*[0-9=+/_\-]){_TOKEN_CHARS}{{8,}}"),
         r"\1 " + REDACTED,
     ),
-    # user:password@ in a URL (redis://:pw@host, mysql://user:pw@host)
-    (
-        re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s/@:'\"]*):[^\s@/'\"]+@"),
-        r"\1:" + REDACTED + "@",
-    ),
     # secret-looking URL, form or key=value parameters
     (re.compile(rf"(?i)((?:^|[?&;,\s])(?:{_SECRET_PARAMS})=)[^&\s'\",]+"), r"\1" + REDACTED),
     # SQLAlchemy error texts carry the statement's parameters: business content
@@ -57,7 +53,9 @@ _REDACTIONS: list[tuple[re.Pattern[str], Any]] = [
 
 
 def redact(text: str) -> str:
-    """``text`` with every known secret shape replaced by ``<redacted>``."""
+    """``text`` with every known secret shape replaced by ``<redacted>``: the user info, query
+    and fragment of every URL (:func:`orbit_tasks.redaction.redact_url`), then the others."""
+    text = redact_urls(text, REDACTED)
     for pattern, replacement in _REDACTIONS:
         text = pattern.sub(replacement, text)
     return text
@@ -75,7 +73,7 @@ def _redact_value(value: Any) -> Any:
 
 def utc_ts(created: float) -> str:
     """``2026-01-02T03:04:05.123456Z`` for a record's ``created`` time."""
-    return datetime.fromtimestamp(created, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_epoch(created)
 
 
 class JsonFormatter(logging.Formatter):

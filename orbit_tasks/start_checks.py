@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from orbit_tasks.queues import ARCHIVE_QUEUE_PREFIX, CONTROL_QUEUE, SENDER_QUEUE
+from orbit_tasks.redaction import redact_url
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -100,7 +101,6 @@ def require_source() -> None:
     executed no transaction the primary has not (docs/operations.md "Read from a replica").
     Raises the error the CLI words in one line; nothing without a replica."""
     # Imported here: as above (the drivers and the schema check only when a check runs).
-    from orbit_tasks.db.engine import redact_url
     from orbit_tasks.db.platform_tables import heartbeat
     from orbit_tasks.db.registry import platform_engine, source_engine
     from orbit_tasks.db.schema_check import require_same_tables

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orbit_tasks import json_document
+from orbit_tasks.timestamps import format_ts
 
 MAX_BODY_BYTES = json_document.MAX_DOCUMENT_BYTES  # 1 MiB
 MAX_KEY_LENGTH = 128
@@ -175,7 +176,7 @@ def format_time(value: datetime) -> str:
     """``YYYY-MM-DDTHH:MM:SS.ffffffZ`` of a naive UTC datetime."""
     if value.tzinfo is not None:
         raise ValueError("expected a naive UTC datetime")
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_ts(value)
 
 
 def build_receipt(

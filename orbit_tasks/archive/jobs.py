@@ -15,6 +15,7 @@ from typing import Any
 
 from orbit_tasks.archive.plans import MAX_MAX_BYTES, MIN_MAX_BYTES
 from orbit_tasks.errors import IllegalState, InvalidInput, StaleRevision
+from orbit_tasks.timestamps import format_optional
 from orbit_tasks.units import format_size
 
 
@@ -134,7 +135,7 @@ class Job:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_optional(value)
 
 
 # --- rules ----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from orbit_tasks.errors import (
     StaleRevision,
 )
 from orbit_tasks.platform.history import HISTORY_KINDS
+from orbit_tasks.timestamps import format_ts
 from orbit_tasks.units import format_duration, format_size
 
 MIN_INTERVAL = 3600
@@ -73,7 +74,7 @@ class Plan:
 
 def stamp(value: dt.datetime) -> str:
     """A naive-UTC time as the operator reads it (``YYYY-MM-DDTHH:MM:SS.ffffffZ``)."""
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_ts(value)
 
 
 @dataclass(frozen=True)

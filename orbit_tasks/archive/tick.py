@@ -39,6 +39,7 @@ from orbit_tasks.ids import new_id
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import list_storages
 from orbit_tasks.settings import Settings
+from orbit_tasks.timestamps import format_optional
 
 log = logging.getLogger("orbit.archive.tick")
 
@@ -61,7 +62,7 @@ class TickReport:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["now"] = None if self.now is None else self.now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        out["now"] = format_optional(self.now)
         out["jobs_created"] = [
             {"namespace_id": ns, "kind": kind, "job_id": job} for ns, kind, job in self.jobs_created
         ]

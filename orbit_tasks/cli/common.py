@@ -17,6 +17,7 @@ import click
 
 from orbit_tasks.error_lines import describe_error, describe_usage_error
 from orbit_tasks.errors import InvalidInput
+from orbit_tasks.timestamps import format_ts
 from orbit_tasks.units import parse_duration, parse_size
 
 log = logging.getLogger("orbit.cli.common")
@@ -163,5 +164,5 @@ def fail(message: str, code: int = 1) -> None:
 def iso_utc(value: Any) -> Any:
     """A naive-UTC ``datetime`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (other values unchanged)."""
     if hasattr(value, "strftime"):
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return format_ts(value)
     return value

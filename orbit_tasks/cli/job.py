@@ -37,6 +37,7 @@ from orbit_tasks.ids import from_hex
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import resolve_namespace
 from orbit_tasks.settings import get_settings
+from orbit_tasks.timestamps import format_optional, format_ts
 from orbit_tasks.units import format_size
 
 log = logging.getLogger("orbit.cli.job")
@@ -96,10 +97,9 @@ def _range_view(job: Job) -> dict[str, Any] | None:
         except JobFailure:
             return None
         cut = _range_cut(conn, job)
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
     view: dict[str, Any] = {
-        "from": None if rng.from_ is None else rng.from_.strftime(fmt),
-        "until": rng.until.strftime(fmt),
+        "from": format_optional(rng.from_),
+        "until": format_ts(rng.until),
     }
     if rng.from_id is not None:  # a key bound (settled, id): SPEC §5 budget-sized ranges
         view["from_id"] = rng.from_id.hex()
@@ -117,11 +117,10 @@ def _range_cut(conn: Any, job: Job) -> dict[str, Any] | None:
     end = store.recorded_end(conn, job.namespace_id, job.id)
     if end is None or not end.cut:
         return None
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
     per_root = end.sample_bytes / end.sample_roots if end.sample_roots else 0.0
     return {
-        "until": end.end[0].strftime(fmt),
-        "policy_until": end.policy_until.strftime(fmt),
+        "until": format_ts(end.end[0]),
+        "policy_until": format_ts(end.policy_until),
         "reason": (
             f"budget: {end.roots_total} roots fit max_bytes {job.max_bytes} at "
             f"{per_root:.0f} bytes per root measured on {end.sample_roots} roots"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from sqlalchemy import Connection
 
-from orbit_tasks.archive.engine.objects import S3Location, is_s3_url, parse_s3_url
 from orbit_tasks.archive.engine.storage import JobFiles, Storage, open_storage
 from orbit_tasks.archive.engine.volume import VolumeIdentity
 from orbit_tasks.archive.jobs import Job
+from orbit_tasks.archive.s3_locations import S3Location, is_s3_url, parse_s3_url
 from orbit_tasks.errors import ConflictError, InvalidInput, NotFound
 from orbit_tasks.platform import store
 

@@ -35,13 +35,14 @@ from orbit_tasks.archive.restore.run import (
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.common import json_option
 from orbit_tasks.cli.places import open_place
-from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
+from orbit_tasks.db.engine import engine_for_setting, parse_database_url
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.error_lines import describe_operational_error
 from orbit_tasks.errors import InvalidInput, NotFound, OrbitError
 from orbit_tasks.ids import from_hex
 from orbit_tasks.platform.history import history_kind
 from orbit_tasks.platform.store import resolve_namespace
+from orbit_tasks.redaction import redact_url
 
 SHOWN_CONFLICTS = 20
 # The one connection charset of a MySQL/MariaDB target: archived text is UTF-8 with 4-byte

@@ -20,6 +20,7 @@ from orbit_tasks.sender import review as sender_review
 from orbit_tasks.sender.names import resolve_namespace_id
 from orbit_tasks.sender.store import dead_letters, entries, listing, pruning
 from orbit_tasks.settings import get_settings
+from orbit_tasks.timestamps import format_ts
 
 LIST_COLUMNS = [
     "namespace_id",
@@ -58,7 +59,7 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in row.items():
         if isinstance(value, dt.datetime):
-            out[key] = value.isoformat(timespec="microseconds") + "Z"
+            out[key] = format_ts(value)
         elif isinstance(value, bytes | bytearray):
             out[key] = bytes(value).hex()
         else:

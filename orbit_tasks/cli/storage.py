@@ -36,16 +36,16 @@ import click
 from sqlalchemy.exc import DBAPIError
 
 from orbit_tasks import failpoints
-from orbit_tasks.archive.engine.objects import (
+from orbit_tasks.archive.engine.objects import S3Storage
+from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.archive.s3_locations import (
     SSE_MODES,
     STORAGE_CLASSES,
     S3Location,
-    S3Storage,
     check_options,
     is_s3_url,
     parse_s3_url,
 )
-from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
 from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
 from orbit_tasks.cli.places import COMMAND_RETRY_SECONDS, refuse_s3_options
 from orbit_tasks.db.registry import platform_engine

@@ -26,8 +26,8 @@ from typing import Any
 
 import click
 
-from orbit_tasks.archive.engine.objects import S3Location
 from orbit_tasks.archive.engine.storage import volumes_env
+from orbit_tasks.archive.s3_locations import S3Location
 from orbit_tasks.cli.common import emit
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.registry import business_engine, platform_engine

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +35,7 @@ from orbit_tasks.db.session_bounds import (
 from orbit_tasks.db.types import DateTime6
 from orbit_tasks.errors import InvalidInput, OrbitError
 from orbit_tasks.logs import log_action
+from orbit_tasks.redaction import redact_url
 
 
 def is_mysql(bind: Engine | Connection) -> bool:
@@ -49,12 +49,6 @@ def is_mariadb(bind: Engine | Connection) -> bool:
 # The databases this product runs on (SPEC §2); SQLite through the standard library's driver.
 _SCHEMES = "mysql://, mariadb:// or sqlite:///"
 _EXAMPLE = "e.g. mysql://user@host:3306/orbit or sqlite:///var/platform.sqlite3"
-_USERINFO = re.compile(r"^(?P<head>(?:[^:/?#]*://)?[^:@/?#]*:)(?P<password>[^/?#]*)@")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the password of its ``user:password@`` part shown as ``***``."""
-    return _USERINFO.sub(lambda m: m["head"] + "***@", url, count=1)
 
 
 def _port_text(url: str) -> str:

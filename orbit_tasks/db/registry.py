@@ -20,9 +20,10 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from orbit_tasks.db.engine import engine_for_setting, parse_database_url, redact_url
+from orbit_tasks.db.engine import engine_for_setting, parse_database_url
 from orbit_tasks.db.session_bounds import SessionBounds, bounds_for_lease
 from orbit_tasks.errors import OrbitError
+from orbit_tasks.redaction import redact_url
 from orbit_tasks.settings import get_settings
 
 _lock = threading.Lock()

@@ -13,9 +13,10 @@ import logging
 
 from sqlalchemy import Engine, text
 
-from orbit_tasks.db.engine import BOUNDS_ATTR, is_mysql, redact_url
+from orbit_tasks.db.engine import BOUNDS_ATTR, is_mysql
 from orbit_tasks.db.session_bounds import SessionBounds, server_of, session_variables, unmet
 from orbit_tasks.logs import log_action
+from orbit_tasks.redaction import redact_url
 
 logger = logging.getLogger("orbit.db.session_check")
 

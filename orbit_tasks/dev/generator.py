@@ -33,6 +33,7 @@ from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.errors import ConflictError, InvalidInput
 from orbit_tasks.platform.history import HISTORY_KINDS, HistoryKind, history_kind
+from orbit_tasks.timestamps import format_ts
 
 CHUNK_ROOTS = 2000
 MAX_ROOTS = 10_000_000
@@ -146,7 +147,7 @@ def json_text(obj: dict[str, Any], decimals: dict[str, str]) -> str:
 
 
 def iso(ts: datetime) -> str:
-    return ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_ts(ts)
 
 
 class _Gen:

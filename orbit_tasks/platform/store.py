@@ -184,7 +184,7 @@ def list_storages(conn: Connection) -> list[dict[str, Any]]:
 
 
 #: The columns of an S3 storage's location (``orbit_archive_object_storages``), the fields of
-#: ``archive.engine.objects.S3Location``.
+#: ``archive.s3_locations.S3Location``.
 OBJECT_LOCATION_FIELDS = (
     "bucket", "prefix", "endpoint", "region", "path_style", "storage_class", "sse", "kms_key_id",
 )  # fmt: skip

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import httpcore
 import httpx
 
-from orbit_tasks.db.engine import redact_url
 from orbit_tasks.errors import InvalidInput, TransientError
+from orbit_tasks.redaction import redact_url
 from orbit_tasks.sender import policy
 
 IDENTITY_MAX_AGE_SECONDS = 60.0

@@ -18,6 +18,8 @@ from decimal import Decimal
 from typing import Any, Literal, Protocol
 
 from orbit_tasks import json_document, sender_limits, units
+from orbit_tasks.backoff import exponential_cap
+from orbit_tasks.timestamps import format_ts
 
 # --- codes -------------------------------------------------------------------------------------
 
@@ -151,7 +153,7 @@ def requeue_refusal(now: dt.datetime, state: str, send_count: int, deadline: dt.
     if state != OutboxState.REVIEW:
         return f"state is {state}; only REVIEW rows can be requeued"
     if deadline_passed(now, deadline):
-        return f"send deadline {deadline.isoformat()}Z has passed (now {now.isoformat()}Z)"
+        return f"send deadline {format_ts(deadline)} has passed (now {format_ts(now)})"
     if send_count >= MAX_SENDS:
         return f"send_count {send_count} reached the limit of {MAX_SENDS} sends"
     return ""
@@ -392,10 +394,7 @@ class RandomSource(Protocol):
 
 def backoff_cap(send_count: int) -> float:
     """Upper bound of the jittered delay after the ``send_count``-th send (1-based)."""
-    n = max(1, send_count)
-    if n > 30:
-        return BACKOFF_CAP_SECONDS
-    return min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (n - 1))
+    return exponential_cap(send_count - 1, base=BACKOFF_BASE_SECONDS, cap=BACKOFF_CAP_SECONDS)
 
 
 def last_slot(deadline: dt.datetime, http_seconds: float) -> dt.datetime:

@@ -44,6 +44,7 @@ from orbit_tasks.sender.pass_records import (
 )
 from orbit_tasks.sender.policy import LastCode, OutcomeKind, ReleaseReason
 from orbit_tasks.sender.store import claims, deadlines, outcomes
+from orbit_tasks.timestamps import format_ts
 
 __all__ = ["Owned", "PassStats", "Relay", "Sent"]
 
@@ -350,7 +351,7 @@ class Relay:
         log_action(
             logger, "sender.queue.held", namespace_id=row.namespace_id, queue_id=row.queue_id,
             seconds=round(seconds, 3), asked_seconds=outcome.retry_after, status=result.status,
-            until=until.isoformat() + "Z",
+            until=format_ts(until),
         )  # fmt: skip
 
     # --- one row: the fenced outcome write (the pass's thread) ---------------------------------

@@ -30,6 +30,7 @@ from orbit_tasks.sender import policy
 from orbit_tasks.sender.policy import OutboxState
 from orbit_tasks.sender.store import pruning
 from orbit_tasks.sender.store.pruning import PrunedRow, ScannedRow
+from orbit_tasks.timestamps import format_ts
 
 logger = logging.getLogger("orbit.sender.retention")
 PAGE_ROWS = 500
@@ -55,7 +56,7 @@ class PruneReport:
     def as_fields(self) -> dict[str, Any]:
         return {
             "older_than_seconds": self.older_than_seconds,
-            "cutoff": self.cutoff.isoformat(timespec="microseconds") + "Z",
+            "cutoff": format_ts(self.cutoff),
             "dry_run": self.dry_run,
             "scanned": self.scanned,
             "pages": self.pages,

@@ -25,13 +25,14 @@ from orbit_tasks.sender import policy
 from orbit_tasks.sender.store import dead_letters, entries, pruning
 from orbit_tasks.sender.store.dead_letters import ReviewRow
 from orbit_tasks.sender.store.entries import OutboxRow
+from orbit_tasks.timestamps import format_optional
 
 logger = logging.getLogger("orbit.sender.review")
 PAGE_ROWS = 200
 
 
 def _iso(value: dt.datetime | None) -> str | None:
-    return None if value is None else value.isoformat(timespec="microseconds") + "Z"
+    return format_optional(value)
 
 
 def _item(row: ReviewRow | OutboxRow, action: str, why: str = "") -> dict[str, Any]:

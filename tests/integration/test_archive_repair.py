@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy import Engine, select, text, update
 
 from orbit_tasks.archive.engine import runner
-from orbit_tasks.archive.engine.objects import S3Location
 from orbit_tasks.archive.engine.storage import FolderStorage, JobFiles, Place, Storage
 from orbit_tasks.archive.format.names import parse_name
 from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.s3_locations import S3Location
 from orbit_tasks.db.history_tables import audit_events, tasks
 from tests.support.archive_jobs import (
     ArchiveEnv,

@@ -19,11 +19,12 @@ from sqlalchemy import Engine, text
 
 from orbit_tasks.archive.claims import GROUP_FILES
 from orbit_tasks.archive.engine import runner
-from orbit_tasks.archive.engine.objects import S3Location, S3Storage, checksum_matches
+from orbit_tasks.archive.engine.objects import S3Storage, checksum_matches
 from orbit_tasks.archive.engine.volume import FileConflict
 from orbit_tasks.archive.format.names import manifest_name, parse_name
 from orbit_tasks.archive.format.values import sha256_hex
 from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.s3_locations import S3Location
 from orbit_tasks.platform.history import HISTORY_KINDS
 from tests.support.archive_jobs import (
     ArchiveEnv,

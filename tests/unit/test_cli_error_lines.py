@@ -10,9 +10,10 @@ import pytest
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from orbit_tasks.archive.plans import validate_batch_size
-from orbit_tasks.db.engine import SETTING_ATTR, parse_database_url, redact_url
+from orbit_tasks.db.engine import SETTING_ATTR, parse_database_url
 from orbit_tasks.error_lines import describe_error, missing_table
 from orbit_tasks.errors import InvalidInput, NotFound
+from orbit_tasks.redaction import redact_url
 
 
 class FakeMySQLError(Exception):
@@ -71,9 +72,9 @@ def test_os_import_and_unexpected_errors() -> None:
 @pytest.mark.parametrize(
     "url,shown",
     [
-        ("mysql://root:pw@h:3306/db", "mysql://root:***@h:3306/db"),
-        ("mysql://root@h/db", "mysql://root@h/db"),
-        ("user:p@ss@host/db", "user:***@host/db"),
+        ("mysql://root:pw@h:3306/db", "mysql://***@h:3306/db"),
+        ("mysql://root@h/db", "mysql://***@h/db"),  # issue 26: the strictest redactor
+        ("user:p@ss@host/db", "***@host/db"),
         ("sqlite:///var/x.sqlite3", "sqlite:///var/x.sqlite3"),
     ],
 )

@@ -15,16 +15,14 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from orbit_tasks.archive.engine.objects import (
+from orbit_tasks.archive.engine.objects import _Client, backoff, fault_of
+from orbit_tasks.archive.engine.storage import parse_volumes, volumes_env
+from orbit_tasks.archive.s3_locations import (
     S3Location,
-    _Client,
-    backoff,
     check_options,
-    fault_of,
     location_from_json,
     parse_s3_url,
 )
-from orbit_tasks.archive.engine.storage import parse_volumes, volumes_env
 from orbit_tasks.errors import InvalidInput
 
 

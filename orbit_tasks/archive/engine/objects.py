@@ -2,7 +2,8 @@
 guarantees of a volume (SPEC §5, docs/archive-jobs.md "Object storage").
 
 Layout: ``PREFIX/.orbit-volume.json`` is the identity object (the bytes of a folder's identity
-file) and ``PREFIX/<ns_hex>/<job_hex>/<name>`` the job files, named as on a volume.
+file) and ``PREFIX/<ns_hex>/<job_hex>/<name>`` the job files, named as on a volume; the location
+rules (URLs, key names, write options) are pure, in ``archive/s3_locations.py``.
 
 * A chain file is durable when one ``PutObject`` of its final content-addressed key succeeded
   with ``If-None-Match: *`` (an existing key is never replaced; a second writer gets 412 and
@@ -35,14 +36,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
+import enum
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
@@ -58,27 +57,16 @@ from orbit_tasks.archive.engine.volume import (
     parse_identity,
 )
 from orbit_tasks.archive.format.values import sha256_hex
+from orbit_tasks.archive.s3_locations import S3Location
+from orbit_tasks.backoff import full_jitter
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
 from orbit_tasks.logs import log_action
 
 log = logging.getLogger("orbit.archive.engine.objects")
 
-SCHEME = "s3://"
-MAX_PREFIX = 512
-STORAGE_CLASSES = (
-    "STANDARD",
-    "STANDARD_IA",
-    "ONEZONE_IA",
-    "INTELLIGENT_TIERING",
-    "GLACIER_IR",
-    "REDUCED_REDUNDANCY",
-)
-SSE_MODES = ("", "AES256", "aws:kms")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_PREFIX_CHAR = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
-#: http(s)://HOST[:PORT][/]: a DNS name, an IPv4 or a bracketed IPv6 address; no user info, path,
-#: query or fragment (a credential in the URL would be stored in the registry and printed)
-_ENDPOINT = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?$")
+#: The retry pauses of one request: full jitter over ``min(CAP, BASE * 2**attempt)`` seconds.
+RETRY_BASE_SECONDS = 0.05
+RETRY_CAP_SECONDS = 2.0
 
 #: S3 error codes of a refused identity or permission (job code ACCESS_DENIED).
 DENIED_CODES = frozenset(
@@ -141,151 +129,47 @@ class StorageUnavailable(OrbitError):
     (the runner stops; the lease expires and a claim tries again)."""
 
 
-# --------------------------------------------------------------------------- locations
-
-
-@dataclass(frozen=True)
-class S3Location:
-    """Where an S3 storage lives and how its objects are written. Not a secret: recorded with
-    the storage at ``storage init`` and handed to workers in ``ORBIT_ARCHIVE_VOLUMES``."""
-
-    bucket: str
-    prefix: str = ""  # no leading or trailing '/'; "" = the bucket's root
-    endpoint: str = ""  # "" = the AWS endpoint of the region (or the AWS config's)
-    region: str = ""  # "" = the AWS chain's region
-    path_style: bool = False
-    storage_class: str = ""  # "" = the bucket's default (STANDARD)
-    sse: str = ""  # "", "AES256" (SSE-S3) or "aws:kms" (SSE-KMS)
-    kms_key_id: str = ""  # with sse "aws:kms"; "" = the account's default key
-
-    @property
-    def url(self) -> str:
-        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    def to_json(self) -> dict[str, Any]:
-        return {"s3": asdict(self)}
-
-
-def is_s3_url(text: str) -> bool:
-    return text.lower().startswith(SCHEME)
-
-
-def parse_s3_url(text: str) -> tuple[str, str]:
-    """``s3://BUCKET[/PREFIX]`` -> (bucket, prefix without the slashes around it)."""
-    if not is_s3_url(text):
-        raise InvalidInput(f"{text!r} is not an s3:// URL (s3://BUCKET/PREFIX)")
-    rest = text[len(SCHEME) :]
-    bucket, _, prefix = rest.partition("/")
-    if "@" in bucket:
-        raise InvalidInput(
-            f"{redact_url(text)!r} carries user info (s3://BUCKET/PREFIX; credentials come only "
-            "from the AWS chain)"
-        )
-    if not bucket:
-        raise InvalidInput(f"{text!r} names no bucket (s3://BUCKET/PREFIX)")
-    if not _BUCKET.match(bucket) or ".." in bucket:
-        raise InvalidInput(
-            f"bucket {bucket!r} is not a valid S3 bucket name (3..63 lowercase letters, digits, "
-            "dots and hyphens, starting and ending with a letter or digit)"
-        )
-    prefix = prefix.strip("/")
-    if len(prefix) > MAX_PREFIX:
-        raise InvalidInput(f"prefix is {len(prefix)} characters long (allowed 0..{MAX_PREFIX})")
-    if not _PREFIX_CHAR.match(prefix) or "//" in prefix:
-        raise InvalidInput(
-            f"prefix {prefix!r} holds characters outside A-Z a-z 0-9 ! _ . * ' ( ) - / "
-            "(or an empty path segment)"
-        )
-    return bucket, prefix
-
-
-def location_from_json(doc: Mapping[str, Any]) -> S3Location:
-    """An :class:`S3Location` from ``{"s3": {...}}`` (``ORBIT_ARCHIVE_VOLUMES``)."""
-    inner = doc.get("s3")
-    if not isinstance(inner, Mapping):
-        raise InvalidInput("an ORBIT_ARCHIVE_VOLUMES entry is neither a path nor {'s3': {...}}")
-    fields = {k: inner[k] for k in S3Location.__dataclass_fields__ if k in inner}
-    try:
-        loc = S3Location(**fields)
-    except TypeError:
-        raise InvalidInput("an ORBIT_ARCHIVE_VOLUMES s3 entry has no bucket") from None
-    check_options(loc)
-    return loc
-
-
-def check_options(loc: S3Location) -> None:
-    """The per-storage write options of ``storage init`` (the values, not the server's say)."""
-    if loc.storage_class and loc.storage_class not in STORAGE_CLASSES:
-        raise InvalidInput(
-            f"storage class {loc.storage_class!r} is not allowed "
-            f"(allowed: {', '.join(STORAGE_CLASSES)})"
-        )
-    if loc.sse not in SSE_MODES:
-        raise InvalidInput(f"SSE mode {loc.sse!r} is not allowed (allowed: AES256, aws:kms)")
-    if loc.kms_key_id and loc.sse != "aws:kms":
-        raise InvalidInput("a KMS key id needs SSE mode aws:kms")
-    if loc.endpoint and not _ENDPOINT.match(loc.endpoint):
-        if "@" in loc.endpoint.split("?", 1)[0].split("#", 1)[0]:
-            raise InvalidInput(
-                f"endpoint {redact_url(loc.endpoint)!r} carries user info (credentials come "
-                "only from the AWS chain, never from the endpoint)"
-            )
-        raise InvalidInput(
-            f"endpoint {redact_url(loc.endpoint)!r} is not an http(s)://HOST[:PORT] URL "
-            "without a path or query"
-        )
-
-
-def redact_url(text: str) -> str:
-    """``text`` for a message: user info (``user:secret@``) and any query or fragment masked."""
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        scheme, rest = "", text
-    authority, slash, tail = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rsplit("@", 1)[1]
-    for mark in ("?", "#"):
-        if mark in authority:
-            authority = authority.split(mark, 1)[0] + mark + "***"
-            slash, tail = "", ""
-        if mark in tail:
-            tail = tail.split(mark, 1)[0] + mark + "***"
-    return f"{scheme}{sep}{authority}{slash}{tail}"
-
-
 # --------------------------------------------------------------------------- faults (pure)
 
 
-def fault_of(exc: BaseException) -> str:
-    """``time_limit``, ``transient``, ``denied``, ``no_bucket``, ``missing``, ``exists`` or
-    ``other`` for an exception raised by a botocore call (pure: reads the error code and status
-    only)."""
+class Fault(enum.StrEnum):
+    """What a botocore call's exception means to the retry loop."""
+
+    TIME_LIMIT = "time_limit"  # Celery's time limit: passes through as it is
+    TRANSIENT = "transient"  # retried within the budget
+    DENIED = "denied"  # StorageDenied (ACCESS_DENIED)
+    NO_BUCKET = "no_bucket"  # NoSuchBucket (NO_SUCH_BUCKET)
+    MISSING = "missing"  # FileNotFoundError
+    EXISTS = "exists"  # 412 on a conditional PUT: the caller's to handle
+    OTHER = "other"  # ArchiveIOError
+
+
+def fault_of(exc: BaseException) -> Fault:
+    """The :class:`Fault` of an exception raised by a botocore call (pure: reads the error code
+    and status only)."""
     names = {c.__name__ for c in type(exc).__mro__}
     if names & TIME_LIMITS:
-        return "time_limit"
+        return Fault.TIME_LIMIT
     if names & NO_CREDENTIALS:
-        return "denied"
+        return Fault.DENIED
     response = getattr(exc, "response", None)
     if isinstance(response, Mapping):
         code = str(response.get("Error", {}).get("Code", ""))
         status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         if code in DENIED_CODES or (status == 403 and code in ("", "403", "Forbidden")):
-            return "denied"
+            return Fault.DENIED
         if code == "NoSuchBucket":
-            return "no_bucket"
+            return Fault.NO_BUCKET
         if code in ("NoSuchKey", "404", "NotFound"):
-            return "missing"
+            return Fault.MISSING
         if code in ("PreconditionFailed", "412"):
-            return "exists"
+            return Fault.EXISTS
         if code in TRANSIENT_CODES or status == 429 or status >= 500:
-            return "transient"
-        return "other"
+            return Fault.TRANSIENT
+        return Fault.OTHER
     if names & TRANSIENT_TRANSPORT:
-        return "transient"
-    return "other"
+        return Fault.TRANSIENT
+    return Fault.OTHER
 
 
 def error_code(exc: BaseException) -> str:
@@ -298,10 +182,11 @@ def error_code(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def backoff(attempt: int, *, base: float = 0.05, cap: float = 2.0, rnd: float = 1.0) -> float:
-    """Capped exponential backoff with full jitter: ``rnd`` in [0, 1) times ``min(cap, base *
-    2**attempt)`` (pure; the caller passes ``random.random()``)."""
-    return rnd * min(cap, base * (2 ** min(attempt, 30)))
+def backoff(attempt: int, *, rnd: float) -> float:
+    """The pause before retry ``attempt + 1`` of a request (pure; the caller passes
+    ``random.random()``): :func:`orbit_tasks.backoff.full_jitter` with this client's base and
+    cap."""
+    return full_jitter(attempt, base=RETRY_BASE_SECONDS, cap=RETRY_CAP_SECONDS, rnd=rnd)
 
 
 # --------------------------------------------------------------------------- the client
@@ -361,9 +246,9 @@ class _Client:
                 return fn(self.get())
             except Exception as exc:
                 fault = fault_of(exc)
-                if fault == "time_limit":
+                if fault is Fault.TIME_LIMIT:
                     raise
-                if fault == "transient":
+                if fault is Fault.TRANSIENT:
                     pause = backoff(attempt, rnd=random.random())
                     if time.monotonic() + pause >= deadline:
                         log_action(
@@ -383,20 +268,20 @@ class _Client:
                     continue
                 raise self._permanent(exc, fault, op, what) from None
 
-    def _permanent(self, exc: Exception, fault: str, op: str, what: str) -> BaseException:
+    def _permanent(self, exc: Exception, fault: Fault, op: str, what: str) -> BaseException:
         code = error_code(exc)
-        if fault == "denied":
+        if fault is Fault.DENIED:
             if code in NO_CREDENTIALS:
                 return StorageDenied(
                     f"{what}: no AWS credentials found (environment, shared config or "
                     "instance role)"
                 )
             return StorageDenied(f"{what}: access denied by the object store ({code} on {op})")
-        if fault == "no_bucket":
+        if fault is Fault.NO_BUCKET:
             return NoSuchBucket(f"bucket {self.loc.bucket!r} does not exist ({self._where()})")
-        if fault == "missing":
+        if fault is Fault.MISSING:
             return FileNotFoundError(what)
-        if fault == "exists":
+        if fault is Fault.EXISTS:
             return _Exists(what)
         return ArchiveIOError(f"{what}: object store error {code} on {op}")
 
@@ -445,7 +330,7 @@ class S3Job:
 
     @property
     def where(self) -> str:
-        return f"{SCHEME}{self._loc.bucket}/{self.prefix.rstrip('/')}"
+        return self._loc.url_of(self.prefix.rstrip("/"))
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -670,7 +555,7 @@ class S3Storage:
         key = f"{prefix}/{IDENTITY_FILE}" if prefix else IDENTITY_FILE
         try:
             self._client.call(
-                "HeadObject", f"{SCHEME}{self.location.bucket}/{key}",
+                "HeadObject", self.location.url_of(key),
                 lambda c: c.head_object(Bucket=self.location.bucket, Key=key),
             )  # fmt: skip
         except FileNotFoundError:
@@ -678,7 +563,7 @@ class S3Storage:
         return True
 
     def job(self, namespace_id: bytes, job_id: bytes) -> S3Job:
-        return S3Job(self._client, self.location.key(f"{namespace_id.hex()}/{job_id.hex()}/"))
+        return S3Job(self._client, self.location.job_prefix(namespace_id, job_id))
 
 
 def checksum_matches(expected_b64: str, data: bytes) -> bool:
@@ -687,7 +572,3 @@ def checksum_matches(expected_b64: str, data: bytes) -> bool:
         return base64.b64decode(expected_b64) == bytes.fromhex(sha256_hex(data))
     except (binascii.Error, ValueError):
         return False
-
-
-def location_doc(loc: S3Location) -> str:
-    return json.dumps(loc.to_json(), sort_keys=True)

@@ -29,6 +29,7 @@ from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.store import source
 from orbit_tasks.db.engine import Clock
 from orbit_tasks.settings import Settings
+from orbit_tasks.timestamps import format_optional
 
 BACKLOG_FIELDS = (
     "backlog_roots", "backlog_bytes", "backlog_jobs", "rate_roots_per_second",
@@ -174,7 +175,7 @@ def _round(value: float | None) -> float | None:
 
 
 def _ts(value: datetime | None) -> str | None:
-    return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_optional(value)
 
 
 def preview(

@@ -5,7 +5,7 @@ seam that the runner, the leftovers, the verifier and restore use (issue 18).
 one job's directory on it. :class:`FolderStorage` / :class:`FolderJob` are the volume code of
 :mod:`volume` (the durable ``link`` publish, the inode-fenced removal); the S3 implementation
 is :mod:`objects`. :func:`open_storage` turns what a worker or a command was given -- a path,
-an :class:`~orbit_tasks.archive.engine.objects.S3Location` or an existing storage -- into one.
+an :class:`~orbit_tasks.archive.s3_locations.S3Location` or an existing storage -- into one.
 
 The guarantees are the same on both (SPEC §5, docs/archive-jobs.md "Object storage"): a file
 is durable under its final content-addressed name before its confirm, an existing name is never
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from orbit_tasks.archive.engine import volume
-from orbit_tasks.archive.engine.objects import S3Location, S3Storage, location_from_json
+from orbit_tasks.archive.engine.objects import S3Storage
 from orbit_tasks.archive.engine.volume import StoredFile, VolumeIdentity
+from orbit_tasks.archive.s3_locations import S3Location, location_from_json
 from orbit_tasks.errors import InvalidInput
 from orbit_tasks.ids import from_hex
 

@@ -1,32 +1,7 @@
-"""Alembic environment shared by both chains (online with a given connection, or offline SQL)."""
+"""Alembic environment of the platform chain: runs the shared ``migrations/environment.py``."""
 
 from __future__ import annotations
 
-from alembic import context
-from sqlalchemy import MetaData
+from orbit_tasks.db.migrations.environment import run
 
-from orbit_tasks.db import (
-    collation,  # noqa: F401 - MariaDB collation mapping for CREATE TABLE
-    history_tables,  # noqa: F401 - registers source tables on the metadata
-)
-from orbit_tasks.db.business_tables import metadata as business_metadata
-from orbit_tasks.db.platform_tables import metadata as platform_metadata
-
-config = context.config
-version_table = config.attributes.get("version_table", "alembic_version")
-target: MetaData = business_metadata if version_table.startswith("sender") else platform_metadata
-
-if context.is_offline_mode():
-    context.configure(
-        url=config.get_main_option("sqlalchemy.url"),
-        target_metadata=target,
-        literal_binds=True,
-        version_table=version_table,
-    )
-    with context.begin_transaction():
-        context.run_migrations()
-else:
-    connection = config.attributes["connection"]
-    context.configure(connection=connection, target_metadata=target, version_table=version_table)
-    with context.begin_transaction():
-        context.run_migrations()
+run()
