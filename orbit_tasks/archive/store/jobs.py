@@ -230,26 +230,44 @@ def confirm(
     matches no row.
     """
     job = c.job
+    after = After(after)
     confirmed = replace(
         job,
         batches=job.batches + (1 if is_batch else 0),
         roots=job.roots + roots,
         bytes=job.bytes + size,
         last_sha256=sha256,
+        attempts=job.attempts + (1 if after is After.CHAIN else 0),
         revision=job.revision + 1,
     )
-    after = After(after)
-    new_lease = random_id() if after is After.CHAIN else None
     guarded = confirm_guard(after, generation, NO_GENERATION)
     if clock is DB_CLOCK:
         stmt = _confirm_statement(after, lease_seconds, guarded)
     else:  # a test clock: its instant is a literal of this one statement
         stmt = _confirm_update(after, lease_seconds, clock, guarded)
+    return _apply_confirm(bind, c, stmt, confirmed, after, guarded, generation)
+
+
+def _apply_confirm(
+    bind: Bind,
+    c: Claim,
+    stmt: Any,
+    confirmed: Job,
+    after: After,
+    guarded: Guard,
+    generation: int | None,
+    **extra: Any,
+) -> Claim | None:
+    """Run a confirm UPDATE (:func:`confirm`, :func:`confirm_files`) whose row will be
+    ``confirmed``: the fence, the control guard, and the claim that follows (chained, kept or
+    none)."""
+    job = c.job
     params = dict(
         w_ns=job.namespace_id, w_id=job.id, w_lease=c.lease_id, w_batches=job.batches,
         w_tail=job.last_sha256, v_batches=confirmed.batches, v_roots=confirmed.roots,
-        v_bytes=confirmed.bytes, v_sha=sha256,
+        v_bytes=confirmed.bytes, v_sha=confirmed.last_sha256, **extra,
     )  # fmt: skip
+    new_lease = random_id() if after is After.CHAIN else None
     if new_lease is not None:
         params["v_lease"] = new_lease
     if guarded is Guard.ROW:
@@ -260,8 +278,7 @@ def confirm(
                 raise ControlsChanged(f"job {job.id.hex()}: the controls changed")
             raise LeaseLost(f"job {job.id.hex()}: confirm rejected, lease lost")
     if new_lease is not None:
-        chained = replace(confirmed, attempts=job.attempts + 1, lease_id=new_lease)
-        return Claim(chained, new_lease, False, c.claimed_at)
+        return Claim(replace(confirmed, lease_id=new_lease), new_lease, False, c.claimed_at)
     if after is After.KEEP:
         return Claim(confirmed, c.lease_id, False, c.claimed_at)
     return None
@@ -363,31 +380,12 @@ def confirm_files(
         attempts=job.attempts + more,
         revision=job.revision + 1,
     )
-    new_lease = random_id() if after == After.CHAIN else None
     guarded = confirm_guard(after, generation, NO_GENERATION)
     if clock is DB_CLOCK:
         stmt = _group_statement(after, lease_seconds, guarded)
     else:  # a test clock: its instant is a literal of this one statement
         stmt = _group_update(after, lease_seconds, clock, guarded)
-    params = dict(
-        w_ns=job.namespace_id, w_id=job.id, w_lease=c.lease_id, w_batches=job.batches,
-        w_tail=job.last_sha256, v_batches=confirmed.batches, v_roots=confirmed.roots,
-        v_bytes=confirmed.bytes, v_sha=confirmed.last_sha256, v_more=more,
-    )  # fmt: skip
-    if new_lease is not None:
-        params["v_lease"] = new_lease
-    if guarded is Guard.ROW:
-        params["w_gen"] = generation
-    with _transaction(bind) as conn:
-        if conn.execute(stmt, params).rowcount != 1:
-            if guarded and _fence_holds(conn, c):
-                raise ControlsChanged(f"job {job.id.hex()}: the controls changed")
-            raise LeaseLost(f"job {job.id.hex()}: confirm rejected, lease lost")
-    if new_lease is not None:
-        return Claim(replace(confirmed, lease_id=new_lease), new_lease, False, c.claimed_at)
-    if after == After.KEEP:
-        return Claim(confirmed, c.lease_id, False, c.claimed_at)
-    return None
+    return _apply_confirm(bind, c, stmt, confirmed, after, guarded, generation, v_more=more)
 
 
 def _group_update(
