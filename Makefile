@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers of `make test` (each its own Redis server and MariaDB database names;
 # tests/conftest.py). Measured on the 2-core machine: see docs/decisions.md.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 
 .PHONY: install services test test-fast lint typecheck fmt demo bench bench-results clean compose-check
 
