@@ -1,6 +1,9 @@
 # One target per routine. `make demo` and `make test` do all the set-up on a fresh machine.
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (each its own Redis server and MariaDB database names;
+# tests/conftest.py). Measured on the 2-core machine: see docs/decisions.md.
+TEST_WORKERS ?= 2
 
 .PHONY: install services test test-fast lint typecheck fmt demo bench bench-results clean compose-check
 
@@ -13,7 +16,7 @@ services:
 ## The test command (CI runs exactly this): real MariaDB, Redis, celery workers, files, HTTP.
 test: install services
 	@$(PY) -m compileall -q orbit_tasks >/dev/null  # every `orbit` and worker process the tests start reads these, even under PYTHONDONTWRITEBYTECODE
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 ## Unit tests only (pure logic, no servers).
 test-fast: install

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,6 +12,7 @@ import pytest
 from sqlalchemy import Engine
 
 from orbit_tasks.db.engine import make_engine
+from tests.support import db as test_db
 from tests.support.db import mariadb_database, migrated_engine
 
 pytest_plugins = ["tests.support.fixtures"]  # ae, workers, beat, business_db: the test scene
@@ -17,6 +21,42 @@ pytest_plugins = ["tests.support.fixtures"]  # ae, workers, beat, business_db: t
 # has no broker of its own (the filesystem default would collect wake-ups in ./var/broker), so it
 # is off here; tests/integration/test_sender_wakeup.py turns it on with the broker it means.
 os.environ.setdefault("ORBIT_SENDER_WAKE_ON_COMMIT", "0")
+
+#: Tests that cannot share the machine with one another run on one xdist worker, one at a time
+#: (``--dist loadgroup``): the network-namespace tests (addresses of 10.213.0.0/16 drawn from the
+#: process id, iptables rules) and the ``heavy`` timing-sensitive runs with several workers.
+SERIAL_GROUP = "one-at-a-time"
+SERIAL_MODULES = ("test_partition_archive.py",)
+
+_worker_redis: subprocess.Popen[bytes] | None = None
+_worker_redis_dir: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker gets a redis-server of its own before any test module is collected (the
+    suites flush their Redis databases; MariaDB databases carry the worker's name already)."""
+    global _worker_redis, _worker_redis_dir
+    if test_db.XDIST_WORKER and _worker_redis is None:
+        _worker_redis_dir = Path(
+            tempfile.mkdtemp(prefix=f"orbit-test-redis-{test_db.XDIST_WORKER}-")
+        )
+        _worker_redis = test_db.start_worker_redis(_worker_redis_dir)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _worker_redis
+    if _worker_redis is not None:
+        _worker_redis.kill()
+        _worker_redis.wait(timeout=10)
+        _worker_redis = None
+    if _worker_redis_dir is not None:
+        shutil.rmtree(_worker_redis_dir, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("heavy") or item.path.name in SERIAL_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
 
 
 @pytest.fixture

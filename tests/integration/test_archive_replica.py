@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ from orbit_tasks.archive.engine.volume import write_identity
 from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import source
-from orbit_tasks.db.engine import make_engine
+from orbit_tasks.archive.tick import run_tick
+from orbit_tasks.archive.wakeups import make_publisher
+from orbit_tasks.db.engine import FixedClock, db_now, make_engine
 from orbit_tasks.db.migrate import upgrade
 from orbit_tasks.db.platform_tables import archive_jobs, heartbeat, metadata
 from orbit_tasks.queues import queue_name
@@ -140,8 +143,8 @@ def test_a_job_waits_replica_lag_while_the_sql_thread_is_stopped_then_finishes(
 ) -> None:
     """A real worker reading the replica: with the replica's SQL thread stopped, a job created
     after that waits `replica_lag` (no claim, no error code, attempts flat, longer than three
-    leases); started again, the job finishes, `orbit job verify` passes, and its files equal
-    those of the same job read from the primary."""
+    leases of the database clock, moved on); started again, the job finishes, `orbit job verify`
+    passes, and its files equal those of the same job read from the primary."""
     primary_url, replica_url, primary, _replica = dbs
     with archive_env(
         primary_url, primary, tmp_path, ORBIT_ARCHIVE_SOURCE_URL=replica_url
@@ -157,19 +160,30 @@ def test_a_job_waits_replica_lag_while_the_sql_thread_is_stopped_then_finishes(
         assert status["Slave_SQL_Running"] == "No" and status["Seconds_Behind_Master"] is None
         job = create_job(ae, ns, "workflows")  # the tick beats on the primary, not applied
         wait_for(lambda: _show(ae, job)["waiting"] == "replica_lag", 30, "replica_lag wait")
-        deadline = time.monotonic() + 3 * LEASE + 2
-        while time.monotonic() < deadline:
+        with primary.connect() as conn:
+            waiting_from = db_now(conn)  # the wait began before this
+        # Longer than three leases without waiting for them: ticks on the database clock moved
+        # on one lease at a time (the sweep decides as it would then and wakes the job up; each
+        # wake-up finds the replica behind, which no clock changes).
+        for k in range(5):  # 0 to 4 leases on
             held = ae.job(ns, job.id)
             assert held.state is JobState.PENDING, held
             assert (held.attempts, held.batches, held.error_code) == (0, 0, ""), held
-            ae.tick()  # beat's sweep wakes the job up; each wake-up finds the replica behind
-            time.sleep(2)
+            clock = FixedClock(waiting_from + timedelta(seconds=k * LEASE))
+            run_tick(primary, ae.settings, publish=make_publisher(ae.app), clock=clock)
+            time.sleep(0.5)
+        held = ae.job(ns, job.id)
+        assert (held.state, held.attempts, held.batches, held.error_code) == (
+            JobState.PENDING, 0, 0, "",
+        ), held  # fmt: skip
         assert "archive.job.waiting" in w.text() and "archive.job.claimed" not in w.text()
+        with primary.connect() as conn:
+            held_for = (db_now(conn) - waiting_from).total_seconds()
         pair.start_sql_thread()
         done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
         assert done.state is JobState.SUCCEEDED and done.error_code == "", done
         shown = _show(ae, done)
-        assert shown["waiting"] is None and shown["waited_seconds"]["replica_lag"] >= 3 * LEASE
+        assert shown["waiting"] is None and shown["waited_seconds"]["replica_lag"] >= held_for > 0
         verify = ae.orbit("job", "verify", "lag", job.id.hex(), "--volume", str(vol))
         assert verify.stdout.startswith("ok: "), verify.stdout
         assert_succeeded_exactly(ae, done, vol)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from datetime import datetime, timedelta
 
 import pytest
@@ -180,9 +181,12 @@ def test_from_is_the_greatest_until_of_all_earlier_successes() -> None:
 
 def test_failpoints_inert_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(failpoints.ENV, raising=False)
-    failpoints.hit("archive.after_file_write")  # returns immediately
-    monkeypatch.setenv(failpoints.ENV, "archive.other=exit")
-    failpoints.hit("archive.after_file_write")  # not this point: returns
+    assert failpoints.hit("archive.after_file_write") is None  # returns immediately
+    monkeypatch.setenv(failpoints.ENV, "archive.other=oserror:EIO")
+    assert failpoints.hit("archive.after_file_write") is None  # not this point: returns
+    with pytest.raises(OSError) as fired:  # ... while the point that is named does fire
+        failpoints.hit("archive.other")
+    assert fired.value.errno == errno.EIO
 
 
 def test_parse_volumes_env() -> None:
