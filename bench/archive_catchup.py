@@ -93,6 +93,14 @@ class CatchUp(FromTick):
             ).scalar()
         return list(rows), active
 
+    def _updates(self) -> int:
+        """The server's count of UPDATE statements so far (``Com_update``): a group's confirm is
+        one, so files per UPDATE is a lower bound of the mean group size (claims, releases and
+        each job's finalize are UPDATEs too)."""
+        with self.engine.connect() as conn:
+            row = conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Com_update'").one()
+        return int(row[1])
+
     def _profile(self, label: str, pool: int) -> subprocess.Popen[bytes] | None:
         if self.args.profile is None:
             return None
@@ -138,6 +146,7 @@ class CatchUp(FromTick):
                 Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()[0]
             )
             peak, cpu_before = _PeakRss(worker.pid), _cpu_seconds(pool)
+            updates_before = self._updates()
             spy = self._profile(label, pool)
             started = time.perf_counter()
             subprocess.run([ORBIT, "plan", "run", ns.hex(), "events"], cwd=ROOT, env=self.env,
@@ -170,6 +179,7 @@ class CatchUp(FromTick):
             if rss_every:
                 series.append(_rss_sample(worker.pid, seconds, sum(row.roots for row in rows)))
             cpu = _cpu_seconds(pool) - cpu_before
+            updates = self._updates() - updates_before
             rss = peak.stop()
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
@@ -191,6 +201,8 @@ class CatchUp(FromTick):
             "files": sum(row.batches + 1 for row in rows),
             "worker_cpu_s_per_100k_roots": round(cpu / roots * 100_000, 2),
             "peak_rss_mib": round(rss / 1024, 1),
+            "update_statements": updates,
+            "files_per_update_statement": round(sum(r.batches + 1 for r in rows) / updates, 2),
         }
         phases = [m for m in seen.values() if {"claimed", "manifest", "done"} <= set(m)]
         if len(phases) > 1 and poll < 0.05:  # (--large polls too seldom for phases)

@@ -158,6 +158,43 @@ def test_disk_full_raises_and_leaves_no_partial_file(small_tmpfs: Path) -> None:
         assert fv.sha256_hex((directory / name).read_bytes()) == file_names.parse_name(name).sha256  # type: ignore[union-attr]
 
 
+def test_group_is_published_in_chain_order_with_no_temp_file(tmp_path: Path) -> None:
+    directory = tmp_path / "ns" / "job"
+    group = [_blob(seq, 50_000) for seq in range(1, 5)]
+    stored, error = vol.store_job_files(directory, group)
+    assert error is None
+    assert [s.path.name for s in stored] == [name for name, _ in group]
+    assert all(s.created for s in stored)
+    assert sorted(os.listdir(directory)) == sorted(name for name, _ in group)
+    for (name, data), s in zip(group, stored, strict=True):
+        assert (directory / name).read_bytes() == data
+        assert os.stat(directory / name).st_ino == s.inode
+
+
+def test_group_stops_at_its_first_failure_and_removes_the_later_temp_files(tmp_path: Path) -> None:
+    """The temp files are written in parallel: those after the failed file (written, synced)
+    are removed, never published; the files before it are stored."""
+    directory = tmp_path / "job"
+    group = [_blob(seq) for seq in range(1, 5)]
+    directory.mkdir()
+    (directory / group[1][0]).write_bytes(b"other bytes")
+    stored, error = vol.store_job_files(directory, group)
+    assert isinstance(error, vol.FileConflict)
+    assert [s.path.name for s in stored] == [group[0][0]]
+    assert sorted(os.listdir(directory)) == sorted([group[0][0], group[1][0]])
+    assert (directory / group[1][0]).read_bytes() == b"other bytes"
+
+
+def test_group_on_a_full_disk_stores_a_prefix_and_leaves_no_temp_file(small_tmpfs: Path) -> None:
+    directory = small_tmpfs / "ns" / "job"
+    group = [_blob(seq, 20 * 1024) for seq in range(1, 5)]  # 80 KiB on a 64 KiB volume
+    stored, error = vol.store_job_files(directory, group)
+    assert isinstance(error, vol.DiskFull)
+    names = [s.path.name for s in stored]
+    assert names == [name for name, _ in group[: len(names)]]  # a prefix, in chain order
+    assert sorted(os.listdir(directory)) == sorted(names)
+
+
 # --------------------------------------------------------------------------- verify / export
 
 

@@ -131,7 +131,8 @@ def fit_range(conn: Connection, job: Job, rng: ArchiveRange) -> Fitted:
     """``rng``, or its first part whose files fit ``job.max_bytes`` (SPEC §5 budget-sized
     ranges), read on the source ``conn``: the sample's bytes per root give how many roots fit;
     when the range holds more, its end moves to just after the last root that fits. The count
-    of roots is exact: the range (cut or not) is counted on the source."""
+    of roots is exact: a cut range holds the roots that fit (the index walk that found its end
+    passed exactly those), a range not cut is counted on the source."""
     try:
         est = estimate(conn, job, rng, 1)
     except JobFailure:  # the sample met a root no file can hold (SOURCE_INVALID, ROOT_TOO_LARGE):
@@ -141,6 +142,13 @@ def fit_range(conn: Connection, job: Job, rng: ArchiveRange) -> Fitted:
     fits = roots_within_budget(job.max_bytes, len(manifest_bytes(job, rng, 0)), est.bytes_per_root)
     keys = source.keys_from(conn, job.kind, job.namespace_id, rng, fits - 1, 2)
     if len(keys) == 2:  # root number fits + 1 exists: the range ends before it
-        rng = rng.ending_at(end_between(keys[0], keys[1]))
+        # The cut range holds exactly roots 1..fits: its end lies between the keys of roots
+        # number fits and fits + 1 (adjacent in (settled, id) order, read in this transaction
+        # by the same index walk), so the walk has counted them; no second count.
+        return Fitted(rng.ending_at(end_between(keys[0], keys[1])), fits, *_sampled(est))
     total = source.count_roots(conn, job.kind, job.namespace_id, rng)
-    return Fitted(rng, total, est.sample_roots, est.sample_bytes)
+    return Fitted(rng, total, *_sampled(est))
+
+
+def _sampled(est: Estimate) -> tuple[int, int]:
+    return est.sample_roots, est.sample_bytes

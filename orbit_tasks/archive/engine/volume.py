@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -286,8 +288,11 @@ def store_job_files(
 ) -> tuple[list[StoredFile], ArchiveIOError | None]:
     """:func:`store_job_file` for several chain files in chain order, with ONE directory
     ``fsync`` after their publishes (group durability: every file is durable when this returns,
-    each its own ``fsync`` before its ``link``). Stops at the first file that fails and returns
-    the files stored before it and that error (the caller confirms those, then fails); the
+    each its own ``fsync`` before its ``link``). The temp files are written and synced in
+    parallel (:func:`_write_temps`: the files' ``fsync`` calls overlap); their names are then
+    published one after the other, in chain order. Stops at the first file that fails (in chain
+    order) and returns the files stored before it and that error (the caller confirms those,
+    then fails); the temp files of the files after it are removed, never published. The
     directory is synced whenever something was published. A failed directory sync raises: the
     names it published stay unconfirmed leftovers, as in :func:`store_job_file`."""
     directory = Path(dirpath)
@@ -299,12 +304,21 @@ def store_job_files(
         _ensure_dir(directory)
     except OSError as exc:
         return [], _os_error(exc, files[0][0])
-    for name, data in files:
-        try:
-            stored.append(_publish(directory, name, data))
-        except ArchiveIOError as exc:
-            error = exc
-            break
+    temps = _write_temps(directory, files)
+    try:
+        for i, (name, data) in enumerate(files):
+            try:
+                stored.append(_publish_temp(directory, name, data, temps[i].result()))
+            except ArchiveIOError as exc:
+                error = exc
+                break
+            except OSError as exc:  # the temp write itself failed (already removed)
+                error = _os_error(exc, name)
+                break
+    finally:
+        for temp in temps[len(stored) :]:  # the failed one's and those never published
+            with contextlib.suppress(OSError):  # a failed write removed its own temp file
+                _discard(temp.result()[0])
     if stored:
         try:
             failpoints.hit("volume.before_dir_fsync")
@@ -314,12 +328,64 @@ def store_job_files(
     return stored, error
 
 
+WRITE_THREADS = 4
+"""Temp files of one group written and synced at once (``claims.GROUP_FILES``)."""
+
+_writers: ThreadPoolExecutor | None = None
+_writers_lock = threading.Lock()
+
+
+def _writer_pool() -> ThreadPoolExecutor:
+    """The process's pool of temp-file writers, started at first use (after a prefork pool's
+    fork: a pool inherited through ``fork`` has no threads, see :func:`_forget_writers`)."""
+    global _writers
+    with _writers_lock:
+        if _writers is None:
+            _writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="archive-fsync")
+        return _writers
+
+
+def _forget_writers() -> None:
+    global _writers, _writers_lock
+    _writers, _writers_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_writers)
+
+
+def _write_temps(
+    directory: Path, files: Sequence[tuple[str, bytes]]
+) -> list[Future[tuple[Path, int]]]:
+    """Each file's temp file written and synced (:func:`_write_temp`), in parallel when there
+    are several; the futures in the order of ``files``. A failed write has removed its temp
+    file (its future holds the ``OSError``)."""
+    if len(files) == 1:
+        done: Future[tuple[Path, int]] = Future()
+        try:
+            done.set_result(_write_temp(directory, *files[0]))
+        except OSError as exc:
+            done.set_exception(exc)
+        return [done]
+    pool = _writer_pool()
+    return [pool.submit(_write_temp, directory, name, data) for name, data in files]
+
+
 def _publish(directory: Path, name: str, data: bytes) -> StoredFile:
     """Write, ``fsync`` and ``link`` one chain file (the directory is not synced here)."""
-    final = directory / name
-    tmp: Path | None = None
     try:
-        tmp, inode = _write_temp(directory, name, data)
+        temp = _write_temp(directory, name, data)
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    return _publish_temp(directory, name, data, temp)
+
+
+def _publish_temp(directory: Path, name: str, data: bytes, temp: tuple[Path, int]) -> StoredFile:
+    """``link`` a written and synced temp file (``temp``: its path and inode) under its final
+    name, then remove the temp name (also on failure)."""
+    final = directory / name
+    tmp: Path | None
+    tmp, inode = temp
+    try:
         failpoints.hit("volume.before_publish")
         created = True
         try:
