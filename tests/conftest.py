@@ -32,15 +32,21 @@ _worker_redis: subprocess.Popen[bytes] | None = None
 _worker_redis_dir: Path | None = None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """An xdist worker gets a redis-server of its own before any test module is collected (the
-    suites flush their Redis databases; MariaDB databases carry the worker's name already)."""
+def _start_worker_redis() -> None:
+    """An xdist worker gets a redis-server of its own before any test module is imported (the
+    suites flush their Redis databases; MariaDB databases carry the worker's name already).
+    Called when this conftest is imported: before ``pytest_plugins`` below is loaded, whose
+    modules compute their Redis URLs at import (a ``pytest_configure`` hook ran after them, and
+    the scene's fixtures pointed every xdist worker at the shared server)."""
     global _worker_redis, _worker_redis_dir
     if test_db.XDIST_WORKER and _worker_redis is None:
         _worker_redis_dir = Path(
             tempfile.mkdtemp(prefix=f"orbit-test-redis-{test_db.XDIST_WORKER}-")
         )
         _worker_redis = test_db.start_worker_redis(_worker_redis_dir)
+
+
+_start_worker_redis()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
