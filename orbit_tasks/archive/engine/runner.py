@@ -57,13 +57,12 @@ from orbit_tasks.archive.jobs import (
     claimable,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.archive_limits import max_slice_seconds
 from orbit_tasks.db import gtid
-from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
+from orbit_tasks.db.engine import DB_CLOCK, Clock, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.db.registry import source_engine as registry_source_engine
@@ -169,16 +168,20 @@ def run_job(
                     if source_engine is not engine:  # a replica: a copy, up to the job's tick?
                         g.extra[REPLICA_ERRANT] = _errant_gtids(source_engine, conn)
                         g.extra[REPLICA_BEAT] = _replica_beat(source_engine)
-                    if _wait_before_claim(conn, g, job, started) is not None:
+                    reason = g.wait_before_claim(conn, job.batch_size, started)
+                    if reason is not None:
+                        log_action(
+                            log, "archive.job.waiting", namespace_id=job.namespace_id,
+                            job_id=job.id, reason=reason.value,
+                        )  # fmt: skip
                         return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
                 return Outcome.NOT_CLAIMED
             claim_marks.hold(ns_id, job_id, c.lease_id)  # for the main process if we die
-            if g is not None and g.open_wait:
-                with atomic(conn):
-                    control_store.close_waits(conn, ns_id, job_id, c.claimed_at)
+            if g is not None:
+                g.claimed(conn, c.claimed_at)
             log_action(
                 log,
                 "archive.job.takeover" if c.takeover else "archive.job.claimed",
@@ -234,41 +237,6 @@ def _replica_beat(source_engine: Engine) -> datetime | None:
     """The tick heartbeat as the replica has applied it (one statement on the replica)."""
     with source_engine.connect() as conn:
         return source.replica_beat(conn)
-
-
-def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
-    """Ask the checks before claiming (a waiting job is never claimed to find out). A short
-    throttle wait is reserved and slept here, holding no claim, when it ends within the first
-    half of the slice (a fixed cap shorter than that would leave the continuation of a
-    ``throttled`` stop, which sees up to two batches' cost, waiting for the tick); any other
-    reason is recorded as the job's wait and returned."""
-    budget = started + g.settings.archive_slice_seconds / 2
-    while True:
-        reason, wait = g.before_claim(conn)
-        if reason is None:
-            return None
-        short = time.monotonic() + wait < budget
-        if reason is not WaitReason.THROTTLED or not short:
-            break
-        # take this job's turn (its first batch) and sleep it: only looking again would starve
-        # behind a running claim that takes the next turn as soon as the last is paid for
-        time.sleep(g.reserve(conn, job.batch_size))
-        if not g.changed(conn):
-            return None
-        # a control changed while it slept (a pause, a window closing): ask again before the
-        # claim, or a paused job would be claimed and write a batch; its turn stays reserved
-        g.reload(conn)
-        reason, _wait = g.before_claim(conn)
-        if reason is None or reason is WaitReason.THROTTLED:
-            return None
-        break
-    with atomic(conn):
-        control_store.record_wait(conn, job.namespace_id, job.id, reason, g.clock.now(conn))
-    log_action(
-        log, "archive.job.waiting", namespace_id=job.namespace_id, job_id=job.id,
-        reason=reason.value,
-    )  # fmt: skip
-    return reason
 
 
 def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
@@ -342,10 +310,7 @@ def _diverged(ch: _Chain, detail: str) -> Outcome:
         _lost(c)
         return Outcome.LEASE_LOST
     ch.stopped = WaitReason.REPLICA_DIVERGED
-    with atomic(ch.conn):
-        control_store.record_wait(
-            ch.conn, job.namespace_id, job.id, WaitReason.REPLICA_DIVERGED, ch.clock.now(ch.conn)
-        )
+    gate.record_wait(ch.conn, job.namespace_id, job.id, WaitReason.REPLICA_DIVERGED, ch.clock)
     log_action(
         log, "archive.job.replica_diverged", logging.WARNING, namespace_id=job.namespace_id,
         job_id=job.id, batches=job.batches, detail=detail,
@@ -756,10 +721,7 @@ def _stopped(ch: _Chain, reason: WaitReason) -> None:
     job = ch.claim.job
     ch.stopped = reason
     assert ch.gate is not None
-    with atomic(ch.conn):
-        control_store.record_wait(
-            ch.conn, job.namespace_id, job.id, reason, ch.gate.clock.now(ch.conn)
-        )
+    ch.gate.record_wait(ch.conn, reason)
     log_action(
         log, "archive.job.stopped", namespace_id=job.namespace_id, job_id=job.id,
         reason=reason.value, batches=job.batches,
