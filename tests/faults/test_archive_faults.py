@@ -690,7 +690,8 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     """SPEC §5 step 6 race: the stale claim writes file N after the new owner's cleanup; the owner
     then finds N already there with identical bytes and confirms it. The stale writer's removal
     (its confirm was rejected) must not delete the file the owner is confirming."""
-    from orbit_tasks.archive.engine import leftovers, runner
+    from orbit_tasks.archive.engine import leftovers
+    from orbit_tasks.archive.engine.budget import manifest_file
     from orbit_tasks.archive.engine.volume import store_job_file
     from orbit_tasks.archive.format import names as file_names
     from orbit_tasks.archive.format import values as fv
@@ -708,7 +709,7 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     with ae.engine.connect() as conn:
         with conn.begin():
             rng = job_store.job_range(conn, owner.job)
-        data, _ = runner.manifest_file(conn, owner.job, rng)
+        data, _ = manifest_file(conn, owner.job, rng)
     written = SimpleNamespace(name=file_names.manifest_name(fv.sha256_hex(data)), data=data)
     assert written is not None  # the manifest: identical bytes for both claims
     d = job_dir(vol, ns, job.id)

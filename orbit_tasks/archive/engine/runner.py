@@ -39,7 +39,7 @@ from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.controls import REPLICA_BEAT, REPLICA_ERRANT, WaitReason
 from orbit_tasks.archive.engine import claim_marks, gate, leftovers, verify
-from orbit_tasks.archive.engine.budget import fit_range, manifest_bytes
+from orbit_tasks.archive.engine.budget import fit_range, manifest_bytes, manifest_file
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
@@ -52,7 +52,6 @@ from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.jobs import (
     ErrorCode,
-    Job,
     JobFailure,
     claimable,
 )
@@ -595,14 +594,6 @@ def _primary_manifest(ch: _Chain) -> tuple[bytes, int]:
             sample_bytes=fitted.sample_bytes, max_bytes=job.max_bytes,
         )  # fmt: skip
     return manifest_bytes(job, fitted.range, fitted.roots_total), fitted.roots_total
-
-
-def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
-    """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total`` (counted on
-    ``conn``: the primary's connection) over ``rng`` as it is."""
-    with conn.begin():
-        total = source.count_roots(conn, job.kind, job.namespace_id, rng)
-    return manifest_bytes(job, rng, total), total
 
 
 def _admit(ch: _Chain, f: _File, bytes_before: int) -> ErrorCode | None:
