@@ -422,17 +422,17 @@ def _batches(ch: _Chain) -> Outcome:
     the files before it are confirmed, as if the files were handled one after the other."""
     job = ch.claim.job
     assert ch.rng is not None
+    run = ch.run
+    primary = None if run.source_db is run.engine else run.engine  # a replica: check its chunks
     with (
         open_read_ahead(
-            ch.run.settings.archive_reader,
-            ch.run.source_db,
+            run.settings.archive_reader,
+            run.source_db,
             job,
             ch.rng,
             ch.cursor,
             file_cap(job.max_bytes),
-            None
-            if ch.run.source_db is ch.run.engine
-            else ch.run.engine,  # a replica: check its chunks
+            primary,
         ) as ahead,
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
