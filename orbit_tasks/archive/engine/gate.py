@@ -40,7 +40,7 @@ from orbit_tasks.db.engine import Clock, atomic
 from orbit_tasks.settings import Settings
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Gate:
     """The controls of one claim chain, read before its first claim."""
 
@@ -238,4 +238,7 @@ def open_gate(
             else ()
         )
         open_wait = waits and store.has_open_wait(conn, job.namespace_id, job.job_id)
-    return Gate(job, settings, clock, int(row.g), controls, open_wait, row.now, mono)
+    return Gate(
+        job=job, settings=settings, clock=clock, generation=int(row.g), controls=controls,
+        open_wait=open_wait, db_now=row.now, mono=mono,
+    )  # fmt: skip
