@@ -355,7 +355,10 @@ def _claims(ch: _Chain) -> Outcome:
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
             data, total = _primary_manifest(ch)
             sha = fv.sha256_hex(data)
-            manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
+            manifest = _File(
+                name=file_names.manifest_name(sha), sha256=sha, data=data, roots=0,
+                final=total == 0, is_batch=False,
+            )  # fmt: skip
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
             stored = ch.run.directory.store(manifest.name, manifest.data)
             _written(ch, manifest)
@@ -377,7 +380,7 @@ def _claims(ch: _Chain) -> Outcome:
         raise JobFailure(ErrorCode.IO_ERROR) from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _File:
     """A chain file about to be written and confirmed."""
 
@@ -392,10 +395,13 @@ class _File:
 
 
 def _batch_file(p: PreparedBatch) -> _File:
-    return _File(p.name, p.sha256, p.data, p.roots, p.final, True, p.seq, p.prev_sha256)
+    return _File(
+        name=p.name, sha256=p.sha256, data=p.data, roots=p.roots, final=p.final, is_batch=True,
+        seq=p.seq, prev_sha256=p.prev_sha256,
+    )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Group:
     """Files written as one group (group durability): the write under way in the writer
     thread, which returns the files it stored and the error that stopped it (if any)."""
@@ -406,7 +412,7 @@ class _Group:
 
 def _write(ch: _Chain, writer: ThreadPoolExecutor, files: list[_File]) -> _Group:
     items = [(f.name, f.data) for f in files]
-    return _Group(files, writer.submit(store_files, ch.run.directory, items))
+    return _Group(files=files, writing=writer.submit(store_files, ch.run.directory, items))
 
 
 def _batches(ch: _Chain) -> Outcome:
