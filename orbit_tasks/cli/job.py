@@ -386,7 +386,7 @@ def job_verify(ns: str, job: str, volume: str, as_json: bool) -> None:
 def job_repair(ns: str, job: str, volume: str, dry_run: bool, as_json: bool) -> None:
     """Rebuild missing or corrupt files from the source rows, kept only when they hash to the
     chain's links; exit 1 names a file that cannot be rebuilt identically."""
-    # Imported here: only `job repair` pays for the read-ahead and the runner's manifest.
+    # Imported here: only `job repair` pays for the read-ahead and the manifest builder.
     from orbit_tasks.archive.engine import repair
 
     ns_id, j = _load(ns, job)

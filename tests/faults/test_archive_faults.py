@@ -47,7 +47,7 @@ from tests.support.archive_jobs import (
     wait_state,
 )
 from tests.support.fs import small_tmpfs
-from tests.support.scene import archive_scene
+from tests.support.scene import archive_scene, run_claim
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
@@ -622,8 +622,6 @@ def test_database_connections_killed_mid_run(ae: ArchiveEnv) -> None:
 def test_stale_claim_resuming_after_a_takeover_deletes_no_confirmed_file(ae: ArchiveEnv) -> None:
     """A worker whose lease expired while it was paused (right after its claim) resumes after the
     new owner finished the job: it must notice the lost lease before removing "leftovers"."""
-    from orbit_tasks.archive.engine import runner
-
     ns, _, vol, sid = _setup(ae, "zombie", roots=10)
     job = create_job(ae, ns, "tasks")
     stale = _dead_claim(ae, ns, job.id)  # its lease expired while its worker was paused
@@ -632,7 +630,7 @@ def test_stale_claim_resuming_after_a_takeover_deletes_no_confirmed_file(ae: Arc
     done = ae.job(ns, job.id)
     kept = file_snapshot(vol, done)
     assert len(kept) == done.batches + 1
-    assert runner._loop(ae.engine, stale, vol, ae.settings, lambda *_: None) == "lease_lost"
+    assert run_claim(stale, vol, ae.settings, engine=ae.engine) == "lease_lost"
     assert file_snapshot(vol, done) == kept
     assert_succeeded_exactly(ae, ae.job(ns, job.id), vol)
 
@@ -690,7 +688,7 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     """SPEC §5 step 6 race: the stale claim writes file N after the new owner's cleanup; the owner
     then finds N already there with identical bytes and confirms it. The stale writer's removal
     (its confirm was rejected) must not delete the file the owner is confirming."""
-    from orbit_tasks.archive.engine import leftovers, runner
+    from orbit_tasks.archive.engine import leftovers
     from orbit_tasks.archive.engine.volume import store_job_file
     from orbit_tasks.archive.format import names as file_names
     from orbit_tasks.archive.format import values as fv
@@ -708,7 +706,7 @@ def test_stale_writer_does_not_remove_a_file_the_new_owner_adopted(ae: ArchiveEn
     with ae.engine.connect() as conn:
         with conn.begin():
             rng = job_store.job_range(conn, owner.job)
-        data, _ = runner.manifest_file(conn, owner.job, rng)
+        data, _ = budget.manifest_file(conn, owner.job, rng)
     written = SimpleNamespace(name=file_names.manifest_name(fv.sha256_hex(data)), data=data)
     assert written is not None  # the manifest: identical bytes for both claims
     d = job_dir(vol, ns, job.id)

@@ -391,6 +391,7 @@ def adoption_race(ae: ArchiveEnv, job: Job, storage: Storage, place: Any) -> tup
     from datetime import timedelta
 
     from orbit_tasks.archive.engine import leftovers, runner
+    from orbit_tasks.archive.engine.budget import manifest_file
     from orbit_tasks.archive.format.names import manifest_name
     from orbit_tasks.archive.format.values import sha256_hex
     from orbit_tasks.db.engine import FixedClock
@@ -407,7 +408,7 @@ def adoption_race(ae: ArchiveEnv, job: Job, storage: Storage, place: Any) -> tup
     with ae.engine.connect() as conn:
         with conn.begin():
             rng = job_store.job_range(conn, stale.job)
-        data, _ = runner.manifest_file(conn, stale.job, rng)
+        data, _ = manifest_file(conn, stale.job, rng)
     name, sha = manifest_name(sha256_hex(data)), sha256_hex(data)
     jf = storage.job(ns, job.id)
     mine = jf.store(name, data)  # the stale writer's late write

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,35 @@ def deliver(
     return runner.run_job(
         job.namespace_id.hex(), job.id.hex(), places, settings, engine=engine, **kwargs
     )
+
+
+def run_claim(
+    claim: Any,
+    place: Any,
+    settings: Settings,
+    *,
+    engine: Engine,
+    publish: Callable[..., None] = no_publish,
+) -> str:
+    """The claim chain of ``claim``, a claim taken elsewhere (a stale claim resuming after its
+    worker was paused), run by the real runner from its first step; returns its outcome."""
+    from orbit_tasks.archive.engine import runner
+    from orbit_tasks.db.engine import DB_CLOCK, single_statements
+
+    with engine.connect() as conn:
+        conn = single_statements(conn)
+        storage = runner._open(place, settings)
+        run = runner._Delivery(
+            engine=engine,
+            conn=conn,
+            source_db=engine,
+            volume=storage,
+            directory=storage.job(claim.job.namespace_id, claim.job.id),
+            settings=settings,
+            clock=DB_CLOCK,
+            started=time.monotonic(),
+        )
+        return runner._run_chain(runner._Chain(run=run, claim=claim), publish)
 
 
 @dataclass

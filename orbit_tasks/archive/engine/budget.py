@@ -66,6 +66,14 @@ class Estimate:
     sample_bytes: int = 0  # the sample's roots packed as batch files
 
 
+def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
+    """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total`` (counted on
+    ``conn``: the primary's connection) over ``rng`` as it is (the runner's and repair's)."""
+    with conn.begin():
+        total = source.count_roots(conn, job.kind, job.namespace_id, rng)
+    return manifest_bytes(job, rng, total), total
+
+
 def estimate(conn: Connection, job: Job, rng: ArchiveRange, roots: int) -> Estimate:
     """Bytes and files of ``job`` over ``rng`` (``roots`` roots) from a sample of its roots,
     encoded and packed exactly as the runner would."""

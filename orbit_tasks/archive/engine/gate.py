@@ -15,6 +15,11 @@ changed controls reach a running claim through its chained confirm, which compar
 generation inside the UPDATE (``store.jobs.confirm``): when it changed, the runner reloads the
 gate (:meth:`Gate.reload`) and asks again.
 
+The gate also decides and records the waits (issue 26 item 2): the wait before a claim, a short
+throttle turn slept there (:meth:`Gate.wait_before_claim`), the wait a claim stopped for at a
+batch boundary (:meth:`Gate.record_wait`, :func:`record_wait`) and its end at the next claim
+(:meth:`Gate.claimed`). The runner asks; it never reaches the control store itself.
+
 A replica's lag (``replica_lag``) is one more check: add its reading to :meth:`Gate.situation`
 and its rule to ``controls.CHECKS``.
 """
@@ -31,11 +36,11 @@ from orbit_tasks.archive import controls as rules
 from orbit_tasks.archive.controls import Control, JobView, Situation, WaitReason
 from orbit_tasks.archive.jobs import Job
 from orbit_tasks.archive.store import controls as store
-from orbit_tasks.db.engine import Clock
+from orbit_tasks.db.engine import Clock, atomic
 from orbit_tasks.settings import Settings
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Gate:
     """The controls of one claim chain, read before its first claim."""
 
@@ -150,6 +155,47 @@ class Gate:
             )
         return wait
 
+    def wait_before_claim(self, conn: Connection, roots: int, started: float) -> WaitReason | None:
+        """Ask the checks before claiming (a waiting job is never claimed to find out). A short
+        throttle wait is reserved (for the first ``roots``) and slept here, holding no claim, when
+        it ends within the first half of the slice that began at ``started`` (a fixed cap shorter
+        than that would leave the continuation of a ``throttled`` stop, which sees up to two
+        batches' cost, waiting for the tick); any other reason is recorded as the job's wait and
+        returned."""
+        budget = started + self.settings.archive_slice_seconds / 2
+        while True:
+            reason, wait = self.before_claim(conn)
+            if reason is None:
+                return None
+            short = time.monotonic() + wait < budget
+            if reason is not WaitReason.THROTTLED or not short:
+                break
+            # take this job's turn (its first batch) and sleep it: only looking again would
+            # starve behind a running claim that takes the next turn as soon as the last is paid
+            time.sleep(self.reserve(conn, roots))
+            if not self.changed(conn):
+                return None
+            # a control changed while it slept (a pause, a window closing): ask again before the
+            # claim, or a paused job would be claimed and write a batch; its turn stays reserved
+            self.reload(conn)
+            reason, _wait = self.before_claim(conn)
+            if reason is None or reason is WaitReason.THROTTLED:
+                return None
+            break
+        self.record_wait(conn, reason)
+        return reason
+
+    def record_wait(self, conn: Connection, reason: WaitReason) -> None:
+        """The job waits for ``reason`` from now on (before its claim, or stopped at a batch
+        boundary)."""
+        record_wait(conn, self.job.namespace_id, self.job.job_id, reason, self.clock)
+
+    def claimed(self, conn: Connection, claimed_at: datetime) -> None:
+        """The job was claimed at ``claimed_at``: the wait it had open (if any) ends then."""
+        if self.open_wait:
+            with atomic(conn):
+                store.close_waits(conn, self.job.namespace_id, self.job.job_id, claimed_at)
+
     def changed(self, conn: Connection) -> bool:
         """Whether a control changed since the gate read the generation (one statement)."""
         with conn.begin():
@@ -160,6 +206,15 @@ class Gate:
         fresh = open_gate(conn, self.job, self.settings, self.clock, waits=False)
         self.generation, self.controls = fresh.generation, fresh.controls
         self.db_now, self.mono = fresh.db_now, fresh.mono
+
+
+def record_wait(
+    conn: Connection, namespace_id: bytes, job_id: bytes, reason: WaitReason, clock: Clock
+) -> None:
+    """Job ``job_id`` waits for ``reason`` from the database's now on (one transaction; a wait
+    already open for the same reason keeps its start)."""
+    with atomic(conn):
+        store.record_wait(conn, namespace_id, job_id, reason, clock.now(conn))
 
 
 def view(job: Job) -> JobView:
@@ -183,4 +238,7 @@ def open_gate(
             else ()
         )
         open_wait = waits and store.has_open_wait(conn, job.namespace_id, job.job_id)
-    return Gate(job, settings, clock, int(row.g), controls, open_wait, row.now, mono)
+    return Gate(
+        job=job, settings=settings, clock=clock, generation=int(row.g), controls=controls,
+        open_wait=open_wait, db_now=row.now, mono=mono,
+    )  # fmt: skip

@@ -2,7 +2,7 @@
 rows they were made of, and kept only when they are the originals (``orbit job repair``).
 
 The files are deterministic: the runner's own read and builder path (the manifest of
-:func:`runner.manifest_bytes`, the batches of :class:`readahead.ReadAhead`) builds the same
+:func:`budget.manifest_bytes`, the batches of :class:`readahead.ReadAhead`) builds the same
 bytes from the same rows. The chain proves it: a rebuilt file is kept only when the link the
 chain records above it -- the next good file's ``prev_sha256``, or the job row's
 ``last_sha256`` for the tail -- is the SHA-256 of what was rebuilt; each batch header carries the
@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Engine
 
 from orbit_tasks.archive.claims import file_cap
+from orbit_tasks.archive.engine.budget import manifest_bytes, manifest_file
 from orbit_tasks.archive.engine.readahead import ReadAhead
-from orbit_tasks.archive.engine.runner import manifest_bytes, manifest_file
 from orbit_tasks.archive.engine.storage import JobFiles
 from orbit_tasks.archive.format.batch import batch_header
 from orbit_tasks.archive.format.names import manifest_name, tail_name

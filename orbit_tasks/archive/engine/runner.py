@@ -39,7 +39,7 @@ from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.controls import REPLICA_BEAT, REPLICA_ERRANT, WaitReason
 from orbit_tasks.archive.engine import claim_marks, gate, leftovers, verify
-from orbit_tasks.archive.engine.budget import fit_range, manifest_bytes
+from orbit_tasks.archive.engine.budget import fit_range, manifest_bytes, manifest_file
 from orbit_tasks.archive.engine.gate import Gate
 from orbit_tasks.archive.engine.objects import NoSuchBucket, StorageDenied, StorageUnavailable
 from orbit_tasks.archive.engine.readahead import NOT_READY, NotReady, PreparedBatch, ReadAhead
@@ -52,18 +52,16 @@ from orbit_tasks.archive.format import values as fv
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.jobs import (
     ErrorCode,
-    Job,
     JobFailure,
     claimable,
 )
 from orbit_tasks.archive.ranges import ArchiveRange
-from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
 from orbit_tasks.archive_limits import max_slice_seconds
 from orbit_tasks.db import gtid
-from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic, single_statements
+from orbit_tasks.db.engine import DB_CLOCK, Clock, single_statements
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.db.registry import source_engine as registry_source_engine
@@ -98,21 +96,32 @@ class Outcome(enum.StrEnum):
 CHAIN_LINES = "ends"
 
 
-@dataclass
-class _Chain:
-    """What a claim chain carries from one claim to the next (never re-read)."""
+@dataclass(frozen=True, kw_only=True)
+class _Delivery:
+    """What one delivery's claim chain works with: fixed when its first claim is taken."""
 
     engine: Engine
     conn: Connection  # the chain's one connection for its claims and confirms
     source_db: Engine  # where history is read: the replica, or ``engine`` itself
-    claim: store.Claim
     volume: Storage  # a folder or an S3 prefix (engine/storage.py)
     directory: JobFiles
     settings: Settings
     clock: Clock
-    deadline: float  # monotonic end of the time slice
     started: float  # monotonic start of the delivery (the time limits count from it)
     gate: Gate | None = None  # the controls of the chain (None: off, the bench's baseline)
+
+    @property
+    def deadline(self) -> float:
+        """The monotonic end of the time slice."""
+        return self.started + self.settings.archive_slice_seconds
+
+
+@dataclass(kw_only=True)
+class _Chain:
+    """What a claim chain carries from one claim to the next (never re-read)."""
+
+    run: _Delivery
+    claim: store.Claim
     stopped: WaitReason | None = None  # why the chain released at a batch boundary
     rng: ArchiveRange | None = None  # derived once per chain
     recorded: store.RecordedEnd | None = None  # the range's recorded end (None: not yet)
@@ -169,16 +178,20 @@ def run_job(
                     if source_engine is not engine:  # a replica: a copy, up to the job's tick?
                         g.extra[REPLICA_ERRANT] = _errant_gtids(source_engine, conn)
                         g.extra[REPLICA_BEAT] = _replica_beat(source_engine)
-                    if _wait_before_claim(conn, g, job, started) is not None:
+                    reason = g.wait_before_claim(conn, job.batch_size, started)
+                    if reason is not None:
+                        log_action(
+                            log, "archive.job.waiting", namespace_id=job.namespace_id,
+                            job_id=job.id, reason=reason.value,
+                        )  # fmt: skip
                         return Outcome.WAITING
             c = store.claim(conn, ns_id, job_id, settings.archive_lease_seconds, clock=clock)
             if c is None:
                 log_action(log, "archive.job.not_claimed", namespace_id=ns_hex, job_id=job_hex)
                 return Outcome.NOT_CLAIMED
             claim_marks.hold(ns_id, job_id, c.lease_id)  # for the main process if we die
-            if g is not None and g.open_wait:
-                with atomic(conn):
-                    control_store.close_waits(conn, ns_id, job_id, c.claimed_at)
+            if g is not None:
+                g.claimed(conn, c.claimed_at)
             log_action(
                 log,
                 "archive.job.takeover" if c.takeover else "archive.job.claimed",
@@ -191,10 +204,12 @@ def run_job(
                 counters.ARCHIVE_TAKEOVERS.labels(job.storage_id.hex()).inc()
             failpoints.hit("archive.after_claim")
             storage = _open(volume, settings)
-            ch = _Chain(
-                engine, conn, source_engine, c, storage, storage.job(ns_id, job_id), settings,
-                clock, started + settings.archive_slice_seconds, started, g,
+            run = _Delivery(
+                engine=engine, conn=conn, source_db=source_engine, volume=storage,
+                directory=storage.job(ns_id, job_id), settings=settings, clock=clock,
+                started=started, gate=g,
             )  # fmt: skip
+            ch = _Chain(run=run, claim=c)
             if c.takeover and is_stalled(
                 c.job.attempts, c.job.batches, settings.archive_max_stalls
             ):
@@ -234,41 +249,6 @@ def _replica_beat(source_engine: Engine) -> datetime | None:
     """The tick heartbeat as the replica has applied it (one statement on the replica)."""
     with source_engine.connect() as conn:
         return source.replica_beat(conn)
-
-
-def _wait_before_claim(conn: Connection, g: Gate, job: Job, started: float) -> WaitReason | None:
-    """Ask the checks before claiming (a waiting job is never claimed to find out). A short
-    throttle wait is reserved and slept here, holding no claim, when it ends within the first
-    half of the slice (a fixed cap shorter than that would leave the continuation of a
-    ``throttled`` stop, which sees up to two batches' cost, waiting for the tick); any other
-    reason is recorded as the job's wait and returned."""
-    budget = started + g.settings.archive_slice_seconds / 2
-    while True:
-        reason, wait = g.before_claim(conn)
-        if reason is None:
-            return None
-        short = time.monotonic() + wait < budget
-        if reason is not WaitReason.THROTTLED or not short:
-            break
-        # take this job's turn (its first batch) and sleep it: only looking again would starve
-        # behind a running claim that takes the next turn as soon as the last is paid for
-        time.sleep(g.reserve(conn, job.batch_size))
-        if not g.changed(conn):
-            return None
-        # a control changed while it slept (a pause, a window closing): ask again before the
-        # claim, or a paused job would be claimed and write a batch; its turn stays reserved
-        g.reload(conn)
-        reason, _wait = g.before_claim(conn)
-        if reason is None or reason is WaitReason.THROTTLED:
-            return None
-        break
-    with atomic(conn):
-        control_store.record_wait(conn, job.namespace_id, job.id, reason, g.clock.now(conn))
-    log_action(
-        log, "archive.job.waiting", namespace_id=job.namespace_id, job_id=job.id,
-        reason=reason.value,
-    )  # fmt: skip
-    return reason
 
 
 def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
@@ -318,7 +298,7 @@ def _publish_continuation(
 def _fail(ch: _Chain, code: ErrorCode) -> Outcome:
     c = ch.claim
     try:
-        store.fail(ch.conn, c, code, clock=ch.clock)
+        store.fail(ch.run.conn, c, code, clock=ch.run.clock)
     except LeaseLost:
         _lost(c)
         return Outcome.LEASE_LOST
@@ -337,15 +317,14 @@ def _diverged(ch: _Chain, detail: str) -> Outcome:
     c = ch.claim
     job = c.job
     try:
-        store.release(ch.conn, c, clock=ch.clock, count_attempt=False)
+        store.release(ch.run.conn, c, clock=ch.run.clock, count_attempt=False)
     except LeaseLost:
         _lost(c)
         return Outcome.LEASE_LOST
     ch.stopped = WaitReason.REPLICA_DIVERGED
-    with atomic(ch.conn):
-        control_store.record_wait(
-            ch.conn, job.namespace_id, job.id, WaitReason.REPLICA_DIVERGED, ch.clock.now(ch.conn)
-        )
+    gate.record_wait(
+        ch.run.conn, job.namespace_id, job.id, WaitReason.REPLICA_DIVERGED, ch.run.clock
+    )
     log_action(
         log, "archive.job.replica_diverged", logging.WARNING, namespace_id=job.namespace_id,
         job_id=job.id, batches=job.batches, detail=detail,
@@ -368,17 +347,20 @@ def _claims(ch: _Chain) -> Outcome:
     JobFailure / LeaseLost (handled by the caller)."""
     try:
         _check_volume(ch)  # step 1
-        with ch.conn.begin():
+        with ch.run.conn.begin():
             # once per chain (POLICY_MISSING), with the policy's end and the recorded end
-            known = store.chain_range(ch.conn, ch.claim.job)
+            known = store.chain_range(ch.run.conn, ch.claim.job)
             ch.rng, ch.policy_until, ch.recorded = known.range, known.policy_until, known.recorded
         _verify_prefix(ch)  # step 2
         if not ch.claim.job.has_manifest:  # step 3: the manifest fixes range and roots_total
             data, total = _primary_manifest(ch)
             sha = fv.sha256_hex(data)
-            manifest = _File(file_names.manifest_name(sha), sha, data, 0, total == 0, False)
+            manifest = _File(
+                name=file_names.manifest_name(sha), sha256=sha, data=data, roots=0,
+                final=total == 0, is_batch=False,
+            )  # fmt: skip
             _refuse(_admit(ch, manifest, ch.claim.job.bytes))
-            stored = ch.directory.store(manifest.name, manifest.data)
+            stored = ch.run.directory.store(manifest.name, manifest.data)
             _written(ch, manifest)
             outcome = _confirm(ch, [manifest], [stored], None, _boundary(ch, manifest))
             if outcome is not Outcome.CHAINED:
@@ -398,7 +380,7 @@ def _claims(ch: _Chain) -> Outcome:
         raise JobFailure(ErrorCode.IO_ERROR) from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _File:
     """A chain file about to be written and confirmed."""
 
@@ -413,10 +395,13 @@ class _File:
 
 
 def _batch_file(p: PreparedBatch) -> _File:
-    return _File(p.name, p.sha256, p.data, p.roots, p.final, True, p.seq, p.prev_sha256)
+    return _File(
+        name=p.name, sha256=p.sha256, data=p.data, roots=p.roots, final=p.final, is_batch=True,
+        seq=p.seq, prev_sha256=p.prev_sha256,
+    )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Group:
     """Files written as one group (group durability): the write under way in the writer
     thread, which returns the files it stored and the error that stopped it (if any)."""
@@ -427,7 +412,7 @@ class _Group:
 
 def _write(ch: _Chain, writer: ThreadPoolExecutor, files: list[_File]) -> _Group:
     items = [(f.name, f.data) for f in files]
-    return _Group(files, writer.submit(store_files, ch.directory, items))
+    return _Group(files=files, writing=writer.submit(store_files, ch.run.directory, items))
 
 
 def _batches(ch: _Chain) -> Outcome:
@@ -443,15 +428,17 @@ def _batches(ch: _Chain) -> Outcome:
     the files before it are confirmed, as if the files were handled one after the other."""
     job = ch.claim.job
     assert ch.rng is not None
+    run = ch.run
+    primary = None if run.source_db is run.engine else run.engine  # a replica: check its chunks
     with (
         open_read_ahead(
-            ch.settings.archive_reader,
-            ch.source_db,
+            run.settings.archive_reader,
+            run.source_db,
             job,
             ch.rng,
             ch.cursor,
             file_cap(job.max_bytes),
-            None if ch.source_db is ch.engine else ch.engine,  # a replica: check its chunks
+            primary,
         ) as ahead,
         ThreadPoolExecutor(1, thread_name_prefix="archive-write") as writer,
     ):
@@ -478,9 +465,9 @@ def _batches(ch: _Chain) -> Outcome:
             last = files[-1]
             stop = _boundary(ch, last, sum(f.roots for f in files))
             if error is None and not last.final and stop is None:
-                if time.monotonic() < ch.deadline and upcoming is NOT_READY:
+                if time.monotonic() < ch.run.deadline and upcoming is NOT_READY:
                     upcoming = ahead.ready()  # write the next group ahead only if it is ready
-                if time.monotonic() < ch.deadline and isinstance(upcoming, PreparedBatch):
+                if time.monotonic() < ch.run.deadline and isinstance(upcoming, PreparedBatch):
                     before = ch.claim.job.bytes + sum(len(f.data) for f in files)
                     follow, upcoming = _collect(ch, ahead, upcoming, last, before)
                     if follow:  # else: refused, checked again after this confirm
@@ -507,7 +494,7 @@ def _collect(
     group and the file to go on with (``NOT_READY`` when none is in hand)."""
     files: list[_File] = []
     size = 0
-    controlled = ch.gate is not None and not ch.gate.idle
+    controlled = ch.run.gate is not None and not ch.run.gate.idle
     item: PreparedBatch | NotReady = first
     while isinstance(item, PreparedBatch):
         f = _batch_file(item)
@@ -536,9 +523,11 @@ def _boundary(ch: _Chain, f: _File, roots: int | None = None) -> WaitReason | No
     """The batch boundary before the confirm that ends with ``f`` (of ``roots`` roots in all:
     a group's; default ``f``'s): a reason to release instead of chaining the next claim (a
     final file is confirmed with its lease kept whatever the controls say)."""
-    if f.final or ch.gate is None:
+    if f.final or ch.run.gate is None:
         return None
-    return ch.gate.at_boundary(ch.conn, f.seq, f.roots if roots is None else roots, ch.deadline)
+    return ch.run.gate.at_boundary(
+        ch.run.conn, f.seq, f.roots if roots is None else roots, ch.run.deadline
+    )
 
 
 def _check_volume(ch: _Chain) -> None:
@@ -549,13 +538,13 @@ def _check_volume(ch: _Chain) -> None:
     claim whose stamp matches the one already verified in this chain costs one ``stat`` (one
     GET of the identity object on S3)."""
     try:
-        stamp = ch.volume.identity_stamp()
+        stamp = ch.run.volume.identity_stamp()
     except OSError:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
     if stamp == ch.identity_stamp:
         return
     try:
-        ident = ch.volume.identity()
+        ident = ch.run.volume.identity()
     except InvalidInput:
         raise JobFailure(ErrorCode.STORAGE_MISMATCH) from None
     if ident.storage_id != ch.claim.job.storage_id:
@@ -578,23 +567,37 @@ def _verify_prefix(ch: _Chain) -> None:
     if not ch.claim.takeover:
         if job.has_manifest:
             tail = verify.verify_job_prefix(
-                ch.directory, _expectation(ch), io_errors=True, lines=CHAIN_LINES
+                ch.run.directory, _expectation(ch), io_errors=True, lines=CHAIN_LINES
             )
             _require_verified(tail, ch)
             _carry_tail(ch, tail)
         return
-    names = leftovers.list_dir(ch.directory)
+    names = leftovers.list_dir(ch.run.directory)
     report: VerifyReport | None = None
     if job.has_manifest:
         report = verify.verify_job_prefix(
-            ch.directory, _expectation(ch), full=True, names=names, allow_strays=True,
+            ch.run.directory, _expectation(ch), full=True, names=names, allow_strays=True,
             io_errors=True, lines=CHAIN_LINES,
         )  # fmt: skip
-        _require_verified(report, ch)
+    _sweep(ch, report, names)
+    if report is not None:
         _carry_tail(ch, report)
-    leftovers.remove(
-        ch.conn, ch.claim, ch.clock, ch.directory, claim_rules.stray_names(names, report)
-    )
+
+
+def _sweep(ch: _Chain, report: VerifyReport | None, names: list[str] | None) -> None:
+    """Verify, then sweep (steps 2 and 5): ``report`` must have verified (else CHAIN_BROKEN;
+    None: nothing is confirmed yet) -- only a verified chain tells confirmed files from strays
+    -- and then the strays go, under the lease check (:func:`leftovers.remove`). The strays are
+    those among the directory's listing ``names`` (:func:`claims.stray_names`), or, with
+    ``names`` None, those of the part of the chain walked (``report.strays``)."""
+    if report is not None:
+        _require_verified(report, ch)
+    if names is not None:
+        strays = claim_rules.stray_names(names, report)
+    else:
+        assert report is not None
+        strays = list(report.strays)
+    leftovers.remove(ch.run.conn, ch.claim, ch.run.clock, ch.run.directory, strays)
 
 
 def _carry_tail(ch: _Chain, report: VerifyReport) -> None:
@@ -610,7 +613,7 @@ def _primary_manifest(ch: _Chain) -> tuple[bytes, int]:
     chain's own connection) even when the batches are read from a replica: the count the job
     promises is the primary's (issue 24)."""
     assert ch.rng is not None
-    conn = ch.conn
+    conn = ch.run.conn
     job = ch.claim.job
     if ch.recorded is not None:
         return manifest_file(conn, job, ch.rng)
@@ -621,7 +624,7 @@ def _primary_manifest(ch: _Chain) -> tuple[bytes, int]:
         fitted.range.end, ch.policy_until, fitted.roots_total, fitted.sample_roots,
         fitted.sample_bytes,
     )  # fmt: skip
-    store.record_end(ch.conn, ch.claim, recorded, clock=ch.clock)
+    store.record_end(ch.run.conn, ch.claim, recorded, clock=ch.run.clock)
     ch.rng, ch.recorded = fitted.range, recorded
     if recorded.cut:
         log_action(
@@ -630,14 +633,6 @@ def _primary_manifest(ch: _Chain) -> tuple[bytes, int]:
             sample_bytes=fitted.sample_bytes, max_bytes=job.max_bytes,
         )  # fmt: skip
     return manifest_bytes(job, fitted.range, fitted.roots_total), fitted.roots_total
-
-
-def manifest_file(conn: Connection, job: Job, rng: ArchiveRange) -> tuple[bytes, int]:
-    """Step 3 for a job without a confirmed manifest: its bytes and ``roots_total`` (counted on
-    ``conn``: the primary's connection) over ``rng`` as it is."""
-    with conn.begin():
-        total = source.count_roots(conn, job.kind, job.namespace_id, rng)
-    return manifest_bytes(job, rng, total), total
 
 
 def _admit(ch: _Chain, f: _File, bytes_before: int) -> ErrorCode | None:
@@ -686,7 +681,7 @@ def _confirm(
     last = files[-1]
     after = store.After.KEEP if last.final else store.After.CHAIN
     if not last.final and (
-        stop is not None or (follow is None and time.monotonic() >= ch.deadline)
+        stop is not None or (follow is None and time.monotonic() >= ch.run.deadline)
     ):
         after = store.After.RELEASE
     written = [
@@ -698,20 +693,19 @@ def _confirm(
         while True:
             try:
                 nxt = store.confirm_files(
-                    ch.conn, c, written, after=after,
-                    lease_seconds=ch.settings.archive_lease_seconds, clock=ch.clock,
-                    generation=None if ch.gate is None else ch.gate.generation,
+                    ch.run.conn, c, written, after=after,
+                    lease_seconds=ch.run.settings.archive_lease_seconds, clock=ch.run.clock,
+                    generation=None if ch.run.gate is None else ch.run.gate.generation,
                 )  # fmt: skip
                 break
             except store.ControlsChanged:
-                assert ch.gate is not None
-                ch.gate.reload(ch.conn)
+                assert ch.run.gate is not None
+                ch.run.gate.reload(ch.run.conn)
                 stop = _boundary(ch, last, sum(f.roots for f in files))
                 if stop is not None:
                     after = store.After.RELEASE
     except LeaseLost:
-        for f, s in zip(files, stored, strict=True):
-            leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, s)
+        _discard(ch, c, files, stored)
         _remove_written_ahead(ch, c, follow)
         raise
     if nxt is not None:  # at once: a child killed from here on names the claim it holds
@@ -747,19 +741,23 @@ def _remove_written_ahead(ch: _Chain, c: store.Claim, follow: _Group | None) -> 
         return
     with contextlib.suppress(Exception):  # a failed write left nothing to remove
         ahead, _error = follow.writing.result()
-        for f, s in zip(follow.files, ahead, strict=False):
-            leftovers.remove_unless_confirmed(ch.conn, c, ch.directory, f.name, s)
+        _discard(ch, c, follow.files, ahead)
+
+
+def _discard(ch: _Chain, c: store.Claim, files: list[_File], stored: list[StoredFile]) -> None:
+    """Step 6 for the files claim ``c`` wrote and did not confirm (``stored``: what the write
+    stored of ``files``, in order; a failed write stored fewer): each goes unless a claim may
+    still confirm it (:func:`leftovers.remove_unless_confirmed`)."""
+    for f, s in zip(files[: len(stored)], stored, strict=True):
+        leftovers.remove_unless_confirmed(ch.run.conn, c, ch.run.directory, f.name, s)
 
 
 def _stopped(ch: _Chain, reason: WaitReason) -> None:
     """Released at a batch boundary for ``reason``: the job's wait starts now."""
     job = ch.claim.job
     ch.stopped = reason
-    assert ch.gate is not None
-    with atomic(ch.conn):
-        control_store.record_wait(
-            ch.conn, job.namespace_id, job.id, reason, ch.gate.clock.now(ch.conn)
-        )
+    assert ch.run.gate is not None
+    ch.run.gate.record_wait(ch.run.conn, reason)
     log_action(
         log, "archive.job.stopped", namespace_id=job.namespace_id, job_id=job.id,
         reason=reason.value, batches=job.batches,
@@ -791,30 +789,28 @@ def _finish(ch: _Chain) -> Outcome:
     rest): a job of any number of files finishes, one lease at a time."""
     c = ch.claim
     job = c.job
-    names = leftovers.list_dir(ch.directory)
-    progress = store.final_progress(ch.conn, job)
-    deadline = max(ch.deadline, ch.started + max_slice_seconds(ch.settings.archive_lease_seconds))
+    names = leftovers.list_dir(ch.run.directory)
+    progress = store.final_progress(ch.run.conn, job)
+    deadline = max(
+        ch.run.deadline, ch.run.started + max_slice_seconds(ch.run.settings.archive_lease_seconds)
+    )
     report, rest = verify.verify_job_part(
-        ch.directory, _expectation(ch), names=names, progress=progress,
+        ch.run.directory, _expectation(ch), names=names, progress=progress,
         more=lambda: time.monotonic() < deadline, lines=CHAIN_LINES,
     )  # fmt: skip
-    _require_verified(report, ch)
+    _sweep(ch, report, None if rest is not None else names)
     if rest is not None:
-        leftovers.remove(ch.conn, c, ch.clock, ch.directory, list(report.strays))
-        store.release_with_progress(ch.conn, c, rest, clock=ch.clock)
+        store.release_with_progress(ch.run.conn, c, rest, clock=ch.run.clock)
         log_action(
             log, "archive.job.final_step_released", namespace_id=job.namespace_id,
             job_id=job.id, checked=rest.checked, files=job.batches + 1,
         )  # fmt: skip
         return Outcome.RELEASED
-    leftovers.remove(
-        ch.conn, ch.claim, ch.clock, ch.directory, claim_rules.stray_names(names, report)
-    )
     if claim_rules.source_changed(job.roots, report.roots_total, job.batches, report.final):
         raise JobFailure(ErrorCode.SOURCE_CHANGED)
     failpoints.hit("archive.before_finalize")
     catch_up = ch.recorded is not None and ch.recorded.cut
-    ch.next_job = store.finalize(ch.conn, c, clock=ch.clock, catch_up=catch_up)
+    ch.next_job = store.finalize(ch.run.conn, c, clock=ch.run.clock, catch_up=catch_up)
     log_action(
         log, "archive.job.succeeded", namespace_id=job.namespace_id, job_id=job.id,
         attempts=job.attempts, batches=job.batches, roots=job.roots, bytes=job.bytes,
@@ -831,23 +827,3 @@ def _finish(ch: _Chain) -> Outcome:
 def _open(volume: Place, settings: Settings) -> Storage:
     """The job's storage; an S3 request is retried for at most a third of the lease."""
     return open_storage(volume, retry_seconds=settings.archive_lease_seconds / 3)
-
-
-def _loop(
-    engine: Engine,
-    c: store.Claim,
-    volume: Place,
-    settings: Settings,
-    publish: Publisher | None,
-    clock: Clock = DB_CLOCK,
-) -> Outcome:
-    """Run the claim chain of an existing claim ``c`` (tests: a claim taken elsewhere)."""
-    with engine.connect() as conn:
-        conn = single_statements(conn)
-        storage = _open(volume, settings)
-        started = time.monotonic()
-        ch = _Chain(
-            engine, conn, engine, c, storage, storage.job(c.job.namespace_id, c.job.id),
-            settings, clock, started + settings.archive_slice_seconds, started,
-        )  # fmt: skip
-        return _run_chain(ch, publish)
