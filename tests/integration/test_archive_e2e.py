@@ -177,7 +177,7 @@ def test_the_smallest_lease_with_the_largest_allowed_slice_end_to_end(
             name="tight",
             volume=tmp_path / "vol",
             kind="events",
-            roots=80,
+            roots=160,
             batch_size=5,
         ).parts
         w = ae.worker("tight", [vol], failpoints="archive.after_file_write=sleep:0.15")
