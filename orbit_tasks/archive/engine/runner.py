@@ -495,6 +495,9 @@ def _collect(
     files: list[_File] = []
     size = 0
     controlled = ch.run.gate is not None and not ch.run.gate.idle
+    # a time slice already over confirms one file and releases (as before groups): a group would
+    # carry the claim past its slice
+    controlled = controlled or time.monotonic() >= ch.run.deadline
     item: PreparedBatch | NotReady = first
     while isinstance(item, PreparedBatch):
         f = _batch_file(item)
