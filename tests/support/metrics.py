@@ -49,7 +49,22 @@ def series(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], flo
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
+#: Ports are split between xdist workers (gw0, gw1, ...; up to 4): two workers walking one range
+#: from its start drew the same free port, and one test scraped the other worker's exporter.
+_WORKER_SLOTS = 4
+
+
+def _own_part(ports: range) -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return ports
+    width = max(len(ports) // _WORKER_SLOTS, 1)
+    start = ports.start + (int(worker[2:]) % _WORKER_SLOTS) * width
+    return range(start, min(start + width, ports.stop))
+
+
 def free_port(ports: range) -> int:
+    ports = _own_part(ports)
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
