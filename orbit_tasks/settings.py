@@ -71,6 +71,9 @@ class Settings:
     # database, docs/operations.md "Read from a replica"); None: the platform database itself.
     archive_source_url: str | None = field(default=None, repr=False)
     archive_reader: str = "auto"
+    # ORBIT_BEAT_LEASE_SECONDS (issue 30 item 3): the beat leader's lease; None = three quarters
+    # of the shortest tick period (orbit_tasks/beat/rules.py).
+    beat_lease_seconds: int | None = None
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -198,6 +201,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
         archive_reader=(_choice(env, "ORBIT_ARCHIVE_READER", ARCHIVE_READERS) or "auto").lower(),
+        beat_lease_seconds=(
+            None
+            if not env.get("ORBIT_BEAT_LEASE_SECONDS")
+            else _int(env, "ORBIT_BEAT_LEASE_SECONDS", 0, 1, 30)
+        ),
     )
 
 

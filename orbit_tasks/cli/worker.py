@@ -236,7 +236,9 @@ def _require_api() -> None:
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option("--print-command", is_flag=True, help="Print the celery command as JSON only.")
 def beat(loglevel: str, print_command: bool) -> None:
-    """Run Celery beat (exactly one per deployment); its schedule file lives under var/."""
+    """Run Celery beat. Several may run (one per node): the one holding the database lease
+    publishes the ticks, the others stand by and log it (docs/operations.md "Several beats").
+    Its schedule file lives under var/ (one per process)."""
     env = dict(os.environ)
     _require_schemas(env, *beat_chains())
     var_dir = get_settings().var_dir
