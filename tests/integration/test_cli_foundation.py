@@ -272,10 +272,10 @@ def test_queue_and_credential_lifecycle(env: dict[str, str], db: Engine) -> None
     assert [c["label"] for c in listed if c["id"] == cred["id"]] == ["ci 𝄞"]
 
     # revoke: once ok, then 4; malformed id is a usage error
-    assert "revoked" in _ok(["credential", "revoke", cred["id"]], env)
-    _fails(["credential", "revoke", cred["id"]], env, 4, cred["id"])
-    _fails(["credential", "revoke", new_id().hex()], env, 4, "does not exist")
-    _fails(["credential", "revoke", "xyz"], env, 2, "'xyz'", "32 hexadecimal")
+    assert "revoked" in _ok(["credential", "revoke", "acme", cred["id"]], env)
+    _fails(["credential", "revoke", "acme", cred["id"]], env, 4, cred["id"])
+    _fails(["credential", "revoke", "acme", new_id().hex()], env, 4, "does not exist")
+    _fails(["credential", "revoke", "acme", "xyz"], env, 2, "'xyz'", "32 hexadecimal")
     with db.connect() as conn:
         assert store.lookup_credential(conn, token) is None
         actions = sorted(r[0] for r in conn.execute(select(audit_events.c.action)).all())
