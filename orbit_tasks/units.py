@@ -206,8 +206,8 @@ def one_line_refusal(text: str, what: str) -> str:
             )
         kind = _CATEGORY_NAMES.get(unicodedata.category(ch), "character")
         return (
-            f"{what} contains the non-printable character U+{code:04X} ({kind}) at position "
-            f"{index}; allowed: printable text on one line"
+            f"{what} contains the non-printable character U+{code:04X} at position {index} "
+            f"(a {kind}); allowed: printable text on one line"
         )
     return ""
 

@@ -170,7 +170,7 @@ def in_window(windows: Sequence[Window], now: datetime) -> bool:
 def validate_rate(raw: str | int) -> int:
     """``--max-roots-per-second``: an integer 1..10,000,000 of ASCII digits (``１０`` and
     ``' 10'`` are refused, not read as 10: units.py, the one rule of digits)."""
-    allowed = f"(allowed an integer 1..{MAX_ROOTS_PER_SECOND:,}; ASCII digits only)"
+    allowed = f"(allowed an integer 1..{MAX_ROOTS_PER_SECOND:,})"
     value = raw if isinstance(raw, int) else units.ascii_int(raw)
     if value is None:
         raise InvalidInput(

@@ -171,8 +171,13 @@ def _flag(param: click.Parameter | None, fallback: str) -> str:
 class _Vocabulary(click.ParamType):
     """A type of the one vocabulary: :meth:`parse` returns the value or raises InvalidInput."""
 
+    metavar = "VALUE"
+
     def parse(self, value: str, what: str) -> Any:
         raise NotImplementedError
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        return self.metavar
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: Any) -> Any:
         if not isinstance(value, str):
@@ -200,6 +205,7 @@ class DurationParam(_Vocabulary):
     within ``lo..hi`` seconds."""
 
     name = "duration"
+    metavar = "DURATION"
 
     def __init__(self, lo: int | None = None, hi: int | None = None) -> None:
         self.lo, self.hi = lo, hi
@@ -207,14 +213,12 @@ class DurationParam(_Vocabulary):
     def parse(self, value: str, what: str) -> int:
         return _ranged(parse_duration(value, what), what, self.lo, self.hi, format_duration)
 
-    def get_metavar(self, param: click.Parameter, *args: Any) -> str:
-        return "DURATION"
-
 
 class SizeParam(_Vocabulary):
     """``<digits><B|KiB|MiB|GiB>`` -> bytes, a unit always (units.parse_size)."""
 
     name = "size"
+    metavar = "SIZE"
 
     def __init__(self, lo: int | None = None, hi: int | None = None) -> None:
         self.lo, self.hi = lo, hi
@@ -222,15 +226,13 @@ class SizeParam(_Vocabulary):
     def parse(self, value: str, what: str) -> int:
         return _ranged(parse_size(value, what), what, self.lo, self.hi, format_size)
 
-    def get_metavar(self, param: click.Parameter, *args: Any) -> str:
-        return "SIZE"
-
 
 class IntegerParam(_Vocabulary):
     """An integer of ASCII digits within ``lo..hi`` (units.parse_int): click's INT and IntRange
     read ``１０`` and ``' 10'`` as 10 (Python's int())."""
 
     name = "integer"
+    metavar = "N"
 
     def __init__(self, lo: int | None = None, hi: int | None = None) -> None:
         self.lo, self.hi = lo, hi
@@ -243,15 +245,13 @@ class IntegerParam(_Vocabulary):
             raise InvalidInput(f"{what} {shown(value)} is not an integer ({INTEGER_FORMS})")
         return _ranged(number, what, self.lo, self.hi, str)
 
-    def get_metavar(self, param: click.Parameter, *args: Any) -> str:
-        return "N"
-
 
 class DecimalParam(_Vocabulary):
     """A decimal number of ASCII digits (``0.8``) within ``lo..hi`` (click's FLOAT reads
     ``０.８``, ``1e3`` and ``nan``)."""
 
     name = "decimal"
+    metavar = "NUMBER"
 
     def __init__(self, lo: float, hi: float) -> None:
         self.lo, self.hi = lo, hi
@@ -273,15 +273,13 @@ class ReasonParam(_Vocabulary):
     text on one line, the sender's rule (units.text_refusal)."""
 
     name = "reason"
+    metavar = "TEXT"
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
 
     def parse(self, value: str, what: str) -> str:
         return parse_text(value, "the text", self.max_chars)
-
-    def get_metavar(self, param: click.Parameter, *args: Any) -> str:
-        return "TEXT"
 
 
 class WordChoice(click.Choice):
