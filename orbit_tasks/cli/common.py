@@ -289,6 +289,11 @@ class WordChoice(click.Choice):
     def __init__(self, choices: Any) -> None:
         super().__init__([str(c) for c in choices], case_sensitive=False)
 
+    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+        # the choices as spelled (click lists them lowercased when case-insensitive)
+        allowed = ", ".join(repr(c) for c in self.choices)
+        return f"{value!r} is not one of {allowed} (any case)"
+
 
 SIZE = SizeParam()
 DURATION = DurationParam()
