@@ -116,7 +116,13 @@ def _seconds(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) 
     raw = env.get(name)
     if raw is None or raw == "":
         return default
-    seconds = units.parse_env_duration(raw, name)
+    try:
+        seconds = units.parse_env_duration(raw, name)
+    except InvalidInput:
+        raise InvalidInput(
+            f"{name}={units.shown(raw)} is not a duration (allowed {lo}..{hi}: seconds as ASCII "
+            "digits, or with s, m, h or d, e.g. 90s or 2m; no sign, no spaces)"
+        ) from None
     if seconds != int(seconds):
         raise InvalidInput(
             f"{name}={units.shown(raw)} is not an integer number of seconds (allowed {lo}..{hi})"
@@ -145,7 +151,8 @@ def _float(
     except InvalidInput:
         raise InvalidInput(
             f"{name}={units.shown(raw)} is not a number of seconds (allowed {lo:g}..{hi:g}"
-            f"{context}; ASCII digits, e.g. 0.5, or {units.DURATION_FORMS})"
+            f"{context}: ASCII digits, e.g. 0.5, or with s, m, h or d, e.g. 30s; no sign, no "
+            "spaces)"
         ) from None
     if not (math.isfinite(value) and lo <= value <= hi):
         raise InvalidInput(f"{name}={raw} is out of range (allowed {lo:g}..{hi:g}{context})")
