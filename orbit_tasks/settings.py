@@ -155,7 +155,7 @@ def _float(
             "spaces)"
         ) from None
     if not (math.isfinite(value) and lo <= value <= hi):
-        raise InvalidInput(f"{name}={raw} is out of range (allowed {lo:g}..{hi:g}{context})")
+        raise InvalidInput(f"{name}={value} is out of range (allowed {lo:g}..{hi:g}{context})")
     return value
 
 
