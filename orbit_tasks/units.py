@@ -70,7 +70,8 @@ def parse_int(text: str | int, what: str, lo: int, hi: int) -> int:
         value = ascii_int(raw[1:] if negative else raw)
         if value is not None and negative:
             value = -value
-    allowed = f"allowed {lo}..{hi}"
+    # thousands separators for large bounds: 10,000,000 is read at a glance, 10000000 is not
+    allowed = f"allowed {lo:,}..{hi:,}" if hi >= 100_000 else f"allowed {lo}..{hi}"
     if value is None:
         raise InvalidInput(
             f"{what} {shown(str(text))} is not an integer ({allowed}; {INTEGER_FORMS})"

@@ -158,7 +158,7 @@ def archive_resume(
     "--max-roots-per-second",
     "rate",
     type=IntegerParam(1, rules.MAX_ROOTS_PER_SECOND),
-    help="Roots per second for the whole scope (1..10000000).",
+    help="Roots per second for the whole scope (1..10,000,000).",
 )
 @click.option("--clear", is_flag=True, help="Remove the throttle of this scope.")
 @json_option

@@ -33,7 +33,7 @@ BAD = [
     (["dev", "seed-history", "acme", "--kind", "tasks", "--roots", "5", "--seed", "s"],
      ["'--seed'", "'s'"]),
     (["flower", "--port", "0"], ["'--port'", "0", "allowed 1..65535"]),
-    (["flower", "--max-tasks", "10"], ["'--max-tasks'", "10", "allowed 1000..10000000"]),
+    (["flower", "--max-tasks", "10"], ["'--max-tasks'", "10", "allowed 1,000..10,000,000"]),
     (["flower", "--purge-offline-workers", "5"],
      ["'--purge-offline-workers'", "'5'", "needs a unit"]),
     (["flower", "--purge-offline-workers", "30s"],

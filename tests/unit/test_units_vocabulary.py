@@ -80,7 +80,7 @@ def test_integers_are_ascii_digits_only(text: str) -> None:
     assert units.ascii_int(text) is None
     with pytest.raises(InvalidInput) as info:
         units.parse_int(text, "--max-roots-per-second", 1, 10_000_000)
-    assert "is not an integer (allowed 1..10000000; ASCII digits 0-9 only)" in str(info.value)
+    assert "is not an integer (allowed 1..10,000,000; ASCII digits 0-9 only)" in str(info.value)
 
 
 def test_integers_in_and_out_of_range() -> None:
