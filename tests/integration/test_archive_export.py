@@ -368,12 +368,18 @@ def test_a_tampered_file_is_named_and_nothing_is_written(two_jobs: Any, tmp_path
     assert_one_line_error(early, 1, last_of_job2.name)
     assert list(out_dir.iterdir()) == []
     assert first_of_job2.exists()
-    # a second file at a chain position (a foreign copy) is refused by the listing
-    last_of_job2.write_bytes(b"junk")
+    # job 2 is outside a window that ends where it starts: not read, its bad file not seen
     fine = run_orbit([*whole, "jsonl", "--out", str(out_dir / "w.jsonl"),
                       "--settled-until", _ts(r1.until)], env)  # fmt: skip
-    assert fine.returncode == 0, fine.stderr  # job 2 is outside that window: not read
+    assert fine.returncode == 0, fine.stderr
     assert (out_dir / "w.jsonl").read_bytes().count(b"\n") == job1.roots
+    # a second file at a chain position of job 1 is refused by the listing, by name
+    first = _batch_files(vol, job1)[0]
+    second = first.with_name(first.name[:9] + "0" * 64 + ".jsonl.gz")
+    second.write_bytes(first.read_bytes())
+    doubled = run_orbit([*whole, "jsonl", "--out", str(out_dir / "d.jsonl")], env)
+    assert_one_line_error(doubled, 1, second.name, "second file for chain position 1")
+    assert sorted(p.name for p in out_dir.iterdir()) == ["w.jsonl"]
 
 
 @pytest.mark.mariadb

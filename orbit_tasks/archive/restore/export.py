@@ -154,12 +154,16 @@ def export_window(
             assert schema is not None
             meta = {"namespace": ns_name, "kind": kind, **_window_doc(window)}
             writer = parquet.ParquetRoots(fh, schema, meta)
-            for r in roots:
-                try:
-                    writer.add(r.line)
-                except FormatError as exc:
-                    where = f"{r.job.files.where.rstrip('/')}/{r.file}"
-                    raise ArchiveUnreadable(r.job.job.id, where, exc.args[0]) from None
+            try:
+                for r in roots:
+                    try:
+                        writer.add(r.line)
+                    except FormatError as exc:
+                        where = f"{r.job.files.where.rstrip('/')}/{r.file}"
+                        raise ArchiveUnreadable(r.job.job.id, where, exc.args[0]) from None
+            except BaseException:
+                writer.abandon()  # before the temp file is closed and removed
+                raise
             writer.close()
         size = fh.tell()
     return ExportResult(fmt, path, size, read)

@@ -28,6 +28,7 @@ written out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import IO, Any
@@ -136,3 +137,9 @@ class ParquetRoots:
         """The last row group and the footer (a file with no root has the schema only)."""
         self.flush()
         self.writer.close()
+
+    def abandon(self) -> None:
+        """Stop without the buffered rows (the caller removes the file); never raises."""
+        self._clear()
+        with contextlib.suppress(Exception):
+            self.writer.close()

@@ -208,7 +208,9 @@ def chain_names(job: Job, files: JobFiles) -> tuple[str, ...]:
             )
         if parsed.seq in by_seq:
             raise ArchiveUnreadable(
-                job.id, _where(files, name), f"second file for chain position {parsed.seq}"
+                job.id,
+                _where(files, name),
+                f"second file for chain position {parsed.seq} (beside {by_seq[parsed.seq]})",
             )
         by_seq[parsed.seq] = name
     tail = tail_name(job.batches, job.last_sha256)
