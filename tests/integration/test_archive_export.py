@@ -18,8 +18,12 @@ import pytest
 from sqlalchemy import Engine, insert, select
 
 from orbit_tasks.archive.engine import runner
+from orbit_tasks.archive.engine.storage import FolderStorage
 from orbit_tasks.archive.engine.volume import job_dir
 from orbit_tasks.archive.jobs import Job
+from orbit_tasks.archive.restore import parquet
+from orbit_tasks.archive.restore.export import ExportFormat, export_window
+from orbit_tasks.archive.restore.run import Window
 from orbit_tasks.archive.s3_locations import S3Location
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.tick import run_tick
@@ -267,7 +271,9 @@ def test_a_window_across_three_jobs_on_folders_and_s3(
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".w")) == []
 
 
-def test_sqlite_platform_two_jobs_jsonl_parquet_and_open_ends(tmp_path: Path) -> None:
+def test_sqlite_platform_two_jobs_jsonl_parquet_and_open_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The platform on SQLite: an open window is every archived root; --force replaces."""
     url = f"sqlite:///{tmp_path / 'platform.sqlite3'}"
     with migrated_engine(url, "platform"):
@@ -301,6 +307,18 @@ def test_sqlite_platform_two_jobs_jsonl_parquet_and_open_ends(tmp_path: Path) ->
         forced = run_orbit([*base, "--format", "parquet", "--force"], env)
         assert forced.returncode == 0, forced.stderr
         _assert_parquet(out, expected)
+        # row groups bound the memory: 4 roots each here (in-process, the same writer)
+        monkeypatch.setattr(parquet, "ROW_GROUP_ROOTS", 4)
+        grouped = tmp_path / "grouped.parquet"
+        places = {sid: FolderStorage(vol)}
+        result = export_window(
+            engine, ns, "lite", "tasks", Window(None, None), places, ExportFormat.PARQUET, grouped
+        )
+        assert result.read.roots == len(expected) and result.bytes == grouped.stat().st_size
+        meta = pq.ParquetFile(grouped).metadata
+        assert meta.num_row_groups == -(-len(expected) // 4)
+        assert max(meta.row_group(i).num_rows for i in range(meta.num_row_groups)) == 4
+        _assert_parquet(grouped, expected)
         # a window reaching past the archive says so on stderr
         late = run_orbit(["archive", "roots", "lite", "tasks", "--volume", str(vol),
                           "--settled-from", _ts(r2.until - timedelta(days=1)),

@@ -93,13 +93,14 @@ class ParquetRoots:
         schema: SourceSchema,
         metadata: Mapping[str, Any] | None = None,
         *,
-        row_group_roots: int = ROW_GROUP_ROOTS,
-        row_group_rows: int = ROW_GROUP_ROWS,
+        row_group_roots: int | None = None,
+        row_group_rows: int | None = None,
     ) -> None:
         self.schema = schema
         self.arrow = arrow_schema(schema, metadata)
         self.writer = pq.ParquetWriter(out, self.arrow, compression=COMPRESSION)
-        self.row_group_roots, self.row_group_rows = row_group_roots, row_group_rows
+        self.row_group_roots = row_group_roots or ROW_GROUP_ROOTS
+        self.row_group_rows = row_group_rows or ROW_GROUP_ROWS
         self.roots = 0
         self._clear()
 
