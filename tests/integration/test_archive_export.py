@@ -206,6 +206,7 @@ def aws(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
 
 
 @pytest.mark.mariadb
+@pytest.mark.redis
 def test_a_window_across_three_jobs_on_folders_and_s3(
     platform_engine: Engine, mariadb_url: str, tmp_path: Path, aws: MotoServer
 ) -> None:
@@ -358,6 +359,7 @@ def _flip(path: Path, at: int = 40) -> None:
 
 
 @pytest.mark.mariadb
+@pytest.mark.redis
 def test_a_tampered_file_is_named_and_nothing_is_written(two_jobs: Any, tmp_path: Path) -> None:
     ae, vol, job1, job2 = two_jobs
     env = orbit_env(ae.url)
@@ -401,6 +403,7 @@ def test_a_tampered_file_is_named_and_nothing_is_written(two_jobs: Any, tmp_path
 
 
 @pytest.mark.mariadb
+@pytest.mark.redis
 def test_bad_input_is_one_line_and_writes_nothing(two_jobs: Any, tmp_path: Path) -> None:
     ae, vol, job1, job2 = two_jobs
     env = orbit_env(ae.url)
