@@ -28,7 +28,8 @@ from sqlalchemy import Engine
 
 from orbit_tasks.archive.engine.storage import Storage
 from orbit_tasks.archive.engine.volume import fsync_dir
-from orbit_tasks.archive.format.values import FormatError, canonical_json, format_ts
+from orbit_tasks.archive.format.lines import presorted_line
+from orbit_tasks.archive.format.values import FormatError, format_ts
 from orbit_tasks.archive.restore.run import ArchiveUnreadable, Window
 from orbit_tasks.archive.restore.window import WindowRead, read_window, same_schemas
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
@@ -149,7 +150,9 @@ def export_window(
     with out_file(path, force) as fh:
         if parquet is None:
             for r in roots:
-                fh.write(canonical_json(r.line))
+                # decoded from canonical text, every object's keys come in sorted order: the
+                # presorted encoder (orjson) gives the archived bytes back
+                fh.write(presorted_line(r.line))
         else:
             assert schema is not None
             meta = {"namespace": ns_name, "kind": kind, **_window_doc(window)}
