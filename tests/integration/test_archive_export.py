@@ -5,6 +5,7 @@ file; bad input."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from collections.abc import Iterator
@@ -467,6 +468,12 @@ def test_format1_archive_exports_typed_from_todays_tables(
         doc = json.loads(proc.stdout)
         assert doc["jobs"][0]["format"] == "orbit-archive/1"
         assert doc["roots"] == len(rows["orbit_tasks"])
+    # jsonl is the batch files' root lines, byte for byte (gunzip, header line dropped)
+    archived = b"".join(
+        gzip.decompress(f.read_bytes()).split(b"\n", 1)[1]
+        for f in sorted((volume / ns.hex() / _job.hex()).glob("*.jsonl.gz"))
+    )
+    assert (tmp_path / "f1.jsonl").read_bytes() == archived
     con = duckdb.connect()
     try:
         got = con.execute(
