@@ -486,3 +486,31 @@ def test_format1_archive_exports_typed_from_todays_tables(
     assert {bytes(i): j for i, j, _ in got} == want
     kids = sum(n for _, _, n in got)
     assert kids == len(rows["orbit_task_attempts"])
+
+
+def test_every_history_kind_has_a_parquet_schema() -> None:
+    """Each column type the history tables use maps to its Arrow type (pure: no file), and the
+    nullability and child tables of the description are kept."""
+    from orbit_tasks.archive.format.manifest import source_descriptor
+    from orbit_tasks.archive.format.tables import parse_source
+    from orbit_tasks.platform.history import HISTORY_KINDS
+
+    want = {
+        "BINARY(16)": "fixed_size_binary[16]",
+        "DATETIME(6)": "timestamp[us, tz=UTC]",
+        "INT UNSIGNED": "uint32",
+    }  # every non-text type the history tables use
+    seen = set()
+    for kind in HISTORY_KINDS.values():
+        schema = parse_source(source_descriptor(kind))
+        arrow = parquet.arrow_schema(schema)
+        assert arrow.names == [*schema.root.names, *(s.name for s, _ in schema.children)]
+        for spec in schema.tables:
+            fields = arrow if spec is schema.root else arrow.field(spec.name).type.value_type
+            for col in spec.columns:
+                got = fields.field(col.name) if spec is not schema.root else arrow.field(col.name)
+                expected = "string" if col.encoding == "text" else want[col.type]
+                assert str(got.type) == expected, (spec.name, col.name, col.type)
+                assert got.nullable == col.nullable, (spec.name, col.name)
+                seen.add(col.type)
+    assert {"BINARY(16)", "DATETIME(6)", "INT UNSIGNED"} <= seen
