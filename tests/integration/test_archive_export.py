@@ -447,6 +447,14 @@ def test_bad_input_is_one_line_and_writes_nothing(two_jobs: Any, tmp_path: Path)
         assert_one_line_error(run_orbit(args, env), code, needle)
         assert sorted(p.name for p in out_dir.iterdir()) == ["taken.jsonl"], args
     assert (out_dir / "taken.jsonl").read_bytes() == b"keep me\n"
+    # an install without the parquet extra: one line saying how to get it, nothing written
+    shim = tmp_path / "no-pyarrow"
+    (shim / "pyarrow").mkdir(parents=True)
+    (shim / "pyarrow" / "__init__.py").write_text("raise ImportError('no pyarrow here')\n")
+    bare = {**env, "PYTHONPATH": str(shim)}
+    proc = run_orbit(export("bad", "tasks", *v, "--format", "parquet", "--out", out), bare)
+    assert_one_line_error(proc, 1, "pip install 'orbit-tasks[parquet]'")
+    assert sorted(p.name for p in out_dir.iterdir()) == ["taken.jsonl"]
 
 
 @pytest.mark.mariadb
