@@ -272,6 +272,22 @@ def test_a_window_across_three_jobs_on_folders_and_s3(
         assert odd_ref["job_id"] == job2.id.hex() and odd_ref["settled"].endswith(".000001Z")
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".w")) == []
 
+        # a flipped byte in an object of job 2 on S3: exit 1 naming it, nothing written
+        prefix = loc.key(f"{ns.hex()}/{job2.id.hex()}/")
+        key = [k for k in moto.keys(loc.bucket, prefix) if k.endswith(".jsonl.gz")][0]
+        body = bytearray(moto.client().get_object(Bucket=loc.bucket, Key=key)["Body"].read())
+        body[30] ^= 0x01
+        moto.client().put_object(Bucket=loc.bucket, Key=key, Body=bytes(body))
+        args = ["archive", "export", "exp", "tasks", "--settled-from", _ts(lo),
+                "--settled-until", _ts(hi), "--format", "parquet", "--out",
+                str(tmp_path / "bad.parquet")]  # fmt: skip
+        for v in vols:
+            args += ["--volume", v]
+        bad = run_orbit(args, env)
+        assert_one_line_error(bad, 1, key.rsplit("/", 1)[1], f"s3://{loc.bucket}/")
+        assert not (tmp_path / "bad.parquet").exists()
+        assert [p for p in tmp_path.iterdir() if p.name.startswith(".bad")] == []
+
 
 def test_sqlite_platform_two_jobs_jsonl_parquet_and_open_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
