@@ -268,6 +268,14 @@ class _Probe:
             header = batch_header(data)
         except FormatError as exc:
             raise ArchiveUnreadable(wj.job.id, _where(wj.files, name), exc.args[0]) from None
+        for end in ("first", "last"):
+            key = header[end]
+            if not (
+                isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)
+            ):
+                raise ArchiveUnreadable(
+                    wj.job.id, _where(wj.files, name), f"batch header {end} bad"
+                )
         if keep:
             self.kept[seq] = data
         return header
