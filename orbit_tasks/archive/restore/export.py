@@ -93,7 +93,7 @@ def parquet_writer() -> ModuleType:
         from orbit_tasks.archive.restore import parquet
     except ImportError:
         raise OrbitError(
-            f"--format parquet needs pyarrow, which is not installed ({PARQUET_EXTRA}); "
+            f"Parquet output needs pyarrow, which is not installed ({PARQUET_EXTRA}); "
             "nothing written"
         ) from None
     return parquet
