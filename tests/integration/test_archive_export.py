@@ -538,3 +538,27 @@ def test_every_history_kind_has_a_parquet_schema() -> None:
                 assert got.nullable == col.nullable, (spec.name, col.name)
                 seen.add(col.type)
     assert {"BINARY(16)", "DATETIME(6)", "INT UNSIGNED"} <= seen
+
+
+def test_parquet_needs_one_description_across_the_window() -> None:
+    """Two jobs whose descriptions differ (a column added between them) cannot share a typed
+    file: the later job is named (pure: descriptions only)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from orbit_tasks.archive.format.manifest import source_descriptor
+    from orbit_tasks.archive.format.tables import parse_source
+    from orbit_tasks.archive.restore.window import same_schemas
+    from orbit_tasks.errors import OrbitError
+    from orbit_tasks.platform.history import HISTORY_KINDS
+
+    schema = parse_source(source_descriptor(HISTORY_KINDS["tasks"]))
+    narrower = replace(schema, root=replace(schema.root, columns=schema.root.columns[:-1]))
+
+    def job(n: int, s: Any) -> Any:
+        return SimpleNamespace(job=SimpleNamespace(id=bytes([n]) * 16), schema=s)
+
+    assert same_schemas([job(1, schema), job(2, schema)]) == schema
+    assert same_schemas([]) is None
+    with pytest.raises(OrbitError, match=f"job {'02' * 16} describes its tables otherwise"):
+        same_schemas([job(1, schema), job(2, narrower)])
