@@ -337,6 +337,17 @@ def test_sqlite_platform_two_jobs_jsonl_parquet_and_open_ends(
         assert meta.num_row_groups == -(-len(expected) // 4)
         assert max(meta.row_group(i).num_rows for i in range(meta.num_row_groups)) == 4
         _assert_parquet(grouped, expected)
+        # the window's bounds to the microsecond: a root settled at --settled-from is in, one
+        # settled at --settled-until is out (the 6th and the 21st roots of the archive)
+        at_from, at_until = expected[5]["finished_at"], expected[20]["finished_at"]
+        exact = run_orbit(["archive", "roots", "lite", "tasks", "--volume", str(vol), "--json",
+                           "--settled-from", _ts(at_from), "--settled-until", _ts(at_until)],
+                          env)  # fmt: skip
+        assert exact.returncode == 0, exact.stderr
+        listed = [bytes.fromhex(i["id"]) for i in json.loads(exact.stdout)["items"]]
+        inside = [r["id"] for r in expected if at_from <= r["finished_at"] < at_until]
+        assert listed == inside and expected[5]["id"] in listed
+        assert expected[20]["id"] not in listed
         # a window reaching past the archive says so on stderr
         late = run_orbit(["archive", "roots", "lite", "tasks", "--volume", str(vol),
                           "--settled-from", _ts(r2.until - timedelta(days=1)),
