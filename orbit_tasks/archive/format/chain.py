@@ -13,6 +13,9 @@ Verification API:
   only the tail file (``tail_name(batches, last_sha256)``) is checked -- present, hashes to
   ``last_sha256``, decodes, seq/job match -- so the caller may pass just that one file. With
   ``full=True`` (after a takeover) it is :func:`verify_chain` with ``complete=False``.
+* :func:`check_manifest` and :func:`check_batch` check one file with the checks of a full walk
+  at its position (the link, the previous key and the manifest given), for a reader of part of a
+  chain (``orbit archive export|roots``, :mod:`orbit_tasks.archive.restore.window`).
 * Reports carry ``cursor`` = the (settled, id) of the last verified root (``None`` if none), the
   point after which the next batch starts. ``first_bad_file`` names the first bad file in chain
   order (a missing batch gets its exact name when its successor's header names it, else
