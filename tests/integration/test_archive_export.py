@@ -573,3 +573,33 @@ def test_parquet_needs_one_description_across_the_window() -> None:
     assert same_schemas([]) is None
     with pytest.raises(OrbitError, match=f"job {'02' * 16} describes its tables otherwise"):
         same_schemas([job(1, schema), job(2, narrower)])
+
+
+def test_one_file_checks_of_a_partial_reader() -> None:
+    """chain.check_manifest / check_batch (pure, on a built chain): the file at its position
+    passes; another link, position, an earlier key, a manifest of another job or a changed
+    byte is refused with the reason."""
+    from orbit_tasks.archive.format.chain import check_batch, check_manifest
+    from orbit_tasks.archive.format.values import FormatError
+    from tests.support.archive_chain import build_chain, with_expect
+
+    chain = build_chain()
+    (m_name, m_data), (n1, _), (n2, d2), _ = chain.files  # batch 1 is never read
+    man = check_manifest(m_name, m_data, chain.expect)
+    link1 = n1.split("-")[1].split(".")[0]
+    ok = check_batch(2, n2, d2, expect=chain.expect, manifest=man, link=link1, after=None)
+    assert ok.header["seq"] == 2 and len(ok.lines) == 2
+    cases = [
+        (dict(seq=2, name=n2, data=d2, link=m_name[9:73]), "prev_sha256"),
+        (dict(seq=1, name=n2, data=d2, link=link1), "not the name of chain file 1"),
+        (dict(seq=2, name=n2, data=d2[:-1] + bytes([d2[-1] ^ 1]), link=link1), "hash"),
+    ]
+    for kw, reason in cases:
+        with pytest.raises(FormatError, match=reason):
+            check_batch(kw["seq"], kw["name"], kw["data"], expect=chain.expect, manifest=man,
+                        link=kw["link"], after=None)  # fmt: skip
+    with pytest.raises(FormatError, match="overlap or precede"):
+        check_batch(2, n2, d2, expect=chain.expect, manifest=man, link=link1,
+                    after=("9999-01-01T00:00:00.000000Z", "00" * 16))  # fmt: skip
+    with pytest.raises(FormatError, match="manifest job_id differs"):
+        check_manifest(m_name, m_data, with_expect(chain, job_id=b"\x09" * 16))
