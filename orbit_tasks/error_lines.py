@@ -45,6 +45,10 @@ FIELD_FLAGS = {
     "from_": "--from",
     "until": "--until",
     "volumes": "--volume",
+    "settled_from": "--settled-from",
+    "settled_until": "--settled-until",
+    "out": "--out",
+    "force": "--force",
 }
 
 # How the CLI spells the commands that errors point to (orbit_tasks/errors.py ``Command``).

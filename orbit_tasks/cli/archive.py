@@ -31,7 +31,15 @@ from orbit_tasks.platform.store import get_namespace, resolve_namespace, storage
 from orbit_tasks.settings import get_settings
 
 
-@click.group("archive", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:archive_restore"})
+@click.group(
+    "archive",
+    cls=LazyGroup,
+    lazy={
+        "restore": "orbit_tasks.cli.restore:archive_restore",
+        "export": "orbit_tasks.cli.export:archive_export",
+        "roots": "orbit_tasks.cli.export:archive_roots",
+    },
+)
 def archive_group() -> None:
     """History archive."""
 
