@@ -27,6 +27,7 @@ from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages, namespaces
 from orbit_tasks.platform.history import history_kind
+from orbit_tasks.platform.store import RetiredKind, retired_ids_query
 from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender.store import deadlines as sender_deadlines
 
@@ -77,11 +78,29 @@ def _count_if(cond: Any) -> Any:
 
 
 def storages_query() -> Select[Any]:
-    return select(archive_storages.c.storage_id).order_by(archive_storages.c.storage_id)
+    """The registered storages that are not retired (issue 27), with their labels."""
+    s = archive_storages.c
+    return (
+        select(s.storage_id, s.label)
+        .where(s.storage_id.not_in(retired_ids_query(RetiredKind.STORAGE)))
+        .order_by(s.storage_id)
+    )
 
 
-def registered_storages(conn: Connection) -> tuple[bytes, ...]:
-    return tuple(bytes(r[0]) for r in conn.execute(storages_query()))
+def registered_storages(conn: Connection) -> dict[bytes, str]:
+    """Storage id -> label of every registered storage that is not retired, by id."""
+    return {bytes(r[0]): str(r[1]) for r in conn.execute(storages_query())}
+
+
+def retired_storages(conn: Connection) -> frozenset[bytes]:
+    """The retired storages: their finished jobs are left out of the gauges."""
+    return frozenset(bytes(r[0]) for r in conn.execute(retired_ids_query(RetiredKind.STORAGE)))
+
+
+def namespace_names(conn: Connection) -> dict[str, str]:
+    """Namespace hex id -> name, every namespace (a small registry, read whole)."""
+    rows = conn.execute(select(namespaces.c.id, namespaces.c.name))
+    return {bytes(r[0]).hex(): str(r[1]) for r in rows}
 
 
 def active_jobs_query(storages: Sequence[bytes], now: dt.datetime) -> Select[Any]:

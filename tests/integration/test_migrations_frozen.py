@@ -1,6 +1,6 @@
 """Every revision builds its tables from its own frozen copy (SPEC §12).
 
-Today the frozen copies (p0001 + ... + p0006 for the platform chain, b0001 +
+Today the frozen copies (p0001 + ... + p0007 for the platform chain, b0001 +
 b0002 + b0003 for the business chain) and the live table modules agree exactly (every CREATE
 TABLE / CREATE INDEX for MySQL 8, MariaDB and SQLite); a later change of a live module cannot
 change what an old revision creates (proved in a fresh interpreter that changes live tables and
@@ -29,6 +29,7 @@ from orbit_tasks.db.migrations.platform import (
     p0004_tables,
     p0005_tables,
     p0006_tables,
+    p0007_tables,
 )
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
@@ -62,6 +63,7 @@ FROZEN = {
         p0003_tables.metadata,
         p0005_tables.metadata,
         p0006_tables.metadata,
+        p0007_tables.metadata,
     ),
     # then the tables a later revision replaced, as that revision leaves them
     "platform+": (p0004_tables.metadata,),
@@ -135,7 +137,27 @@ def test_p0006_creates_only_new_tables() -> None:
     assert not set(p0006_tables.metadata.tables) & earlier
     assert list(p0006_tables.metadata.tables) == ["orbit_archive_job_ends"]
     assert script_directory("platform").get_revision("p0006").down_revision == "p0005"
-    assert head_revision("platform") == "p0006"
+
+
+def test_p0007_creates_only_the_retirements() -> None:
+    """p0007 (issue 27) adds the retired storages and namespaces; it never recreates an earlier
+    table (orbit_archive_storages and orbit_namespaces keep their columns)."""
+    earlier = set().union(
+        *(
+            m.tables
+            for m in (
+                p0001_tables.metadata,
+                p0002_tables.metadata,
+                p0003_tables.metadata,
+                p0005_tables.metadata,
+                p0006_tables.metadata,
+            )
+        )
+    )
+    assert not set(p0007_tables.metadata.tables) & earlier
+    assert list(p0007_tables.metadata.tables) == ["orbit_retirements"]
+    assert script_directory("platform").get_revision("p0007").down_revision == "p0006"
+    assert head_revision("platform") == "p0007"
 
 
 def _alone(table: Table) -> MetaData:
