@@ -133,8 +133,8 @@ class PlatformSource:
         (the broker probe needs them for the queue names)."""
         with snapshot_connection(self.engine) as conn:
             now = db_now(conn)
-            labels = store.registered_storages(conn)
-            storages = tuple(labels)
+            registered = store.registered_storages(conn)
+            storages = tuple(registered.live)
             if on_storages is not None:
                 on_storages(storages)
             tally = self._terminal_tally(conn, now)
@@ -149,12 +149,11 @@ class PlatformSource:
             )
             waiting = control_store.waiting_counts(conn)
             backlogs = self._plan_backlogs(conn, now)
-            retired = store.retired_storages(conn)
             names = store.namespace_names(conn)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
         return replace(
-            reading, waiting=waiting, backlogs=backlogs, storage_labels=labels,
-            namespace_names=names, retired=retired,
+            reading, waiting=waiting, backlogs=backlogs, storage_labels=registered.live,
+            namespace_names=names, retired=registered.retired,
         )  # fmt: skip
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:

@@ -25,9 +25,15 @@ from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
-from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages, namespaces
+from orbit_tasks.db.platform_tables import (
+    archive_jobs,
+    archive_plans,
+    archive_storages,
+    namespaces,
+    retirements,
+)
 from orbit_tasks.platform.history import history_kind
-from orbit_tasks.platform.store import RetiredKind, retired_ids_query
+from orbit_tasks.platform.store import RetiredKind
 from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender.store import deadlines as sender_deadlines
 
@@ -78,23 +84,33 @@ def _count_if(cond: Any) -> Any:
 
 
 def storages_query() -> Select[Any]:
-    """The registered storages that are not retired (issue 27), with their labels."""
-    s = archive_storages.c
+    """Every registered storage with its label and whether it is retired (issue 27)."""
+    s, r = archive_storages.c, retirements.c
     return (
-        select(s.storage_id, s.label)
-        .where(s.storage_id.not_in(retired_ids_query(RetiredKind.STORAGE)))
+        select(s.storage_id, s.label, r.target_id.is_not(None).label("retired"))
+        .select_from(
+            archive_storages.outerjoin(
+                retirements,
+                and_(r.target_kind == RetiredKind.STORAGE.value, r.target_id == s.storage_id),
+            )
+        )
         .order_by(s.storage_id)
     )
 
 
-def registered_storages(conn: Connection) -> dict[bytes, str]:
-    """Storage id -> label of every registered storage that is not retired, by id."""
-    return {bytes(r[0]): str(r[1]) for r in conn.execute(storages_query())}
+class Storages(NamedTuple):
+    """The registered storages: id -> label of those not retired, and the retired ones."""
+
+    live: dict[bytes, str]
+    retired: frozenset[bytes]
 
 
-def retired_storages(conn: Connection) -> frozenset[bytes]:
-    """The retired storages: their finished jobs are left out of the gauges."""
-    return frozenset(bytes(r[0]) for r in conn.execute(retired_ids_query(RetiredKind.STORAGE)))
+def registered_storages(conn: Connection) -> Storages:
+    rows = conn.execute(storages_query()).all()
+    return Storages(
+        {bytes(r.storage_id): str(r.label) for r in rows if not r.retired},
+        frozenset(bytes(r.storage_id) for r in rows if r.retired),
+    )
 
 
 def namespace_names(conn: Connection) -> dict[str, str]:
