@@ -18,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 
 from orbit_tasks.archive.jobs import Job, JobState
+from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.store.controls import PLATFORM_NAMESPACE
+from orbit_tasks.cli.namespace import ACTIVE_JOB_STATES
+from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, namespaces, retirements
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
-from tests.support.archive_jobs import ArchiveEnv, create_job, make_volume
+from tests.support.archive_jobs import ORBIT, ArchiveEnv, create_job, make_volume, wait_for
 from tests.support.scene import Scene, archive_scene, deliver
 
 pytestmark = pytest.mark.mariadb
@@ -274,3 +277,77 @@ def test_bad_input_is_one_line_and_writes_nothing(ae: ArchiveEnv, tmp_path: Path
     for args, code, needle in cases:
         _one_line(ae.orbit(*args, check=False), code, needle)
     assert _rows(ae.engine) == before
+
+
+def _lock_waits(engine: Engine) -> int:
+    """Transactions of this test's database waiting for a row lock (the server is shared)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX t "
+                    "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                    "WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
+                )
+            ).scalar_one()
+        )
+
+
+def _started(ae: ArchiveEnv, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [ORBIT, *args], env=ae.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_a_retirement_and_a_plan_enabled_at_once_never_both_commit(
+    ae: ArchiveEnv, tmp_path: Path
+) -> None:
+    """Each order of the race: a real ``orbit`` process against a transaction held open by the
+    test. Whichever commits first wins; the other waits for it and is refused (exit 3)."""
+    scene = archive_scene(ae.engine, name="race", volume=tmp_path / "vol-r", label="vol-r")
+    sid = scene.storage.hex()
+    ae.orbit("plan", "set", "race", "tasks", "--disable")
+
+    # plan set first: its enabled plan, uncommitted, makes the retire wait, then refuses it
+    with ae.engine.connect() as conn:
+        trans = conn.begin()
+        plan_store.set_plan(
+            conn, scene.ns, "tasks", storage_id=None, interval=None, batch_size=None,
+            max_bytes=None, policy_revision=None, enabled=True, expect_revision=None,
+            now=db_now(conn), actor="test",
+        )  # fmt: skip
+        retire = _started(ae, "storage", "retire", sid, "--reason", "race")
+        wait_for(lambda: _lock_waits(ae.engine) >= 1, 30, "the retire waiting for plan set")
+        assert retire.poll() is None  # waiting, not done
+        trans.commit()
+    out, err = retire.communicate(timeout=60)
+    assert retire.returncode == 3, (out, err)
+    assert "1 enabled plan (race/tasks)" in err
+    with ae.engine.connect() as conn:
+        assert store.retirement(conn, store.RetiredKind.STORAGE, scene.storage) is None
+
+    # the retirement first: plan set waits for it, then is refused
+    ae.orbit("plan", "set", "race", "tasks", "--disable")
+    with ae.engine.connect() as conn:
+        trans = conn.begin()
+        assert (
+            store.insert_retirement(
+                conn,
+                store.RetiredKind.STORAGE,
+                scene.storage,
+                reason="race",
+                actor="test",
+                at=db_now(conn),
+            )  # fmt: skip
+            is None
+        )
+        enable = _started(ae, "plan", "set", "race", "tasks", "--enable")
+        wait_for(lambda: _lock_waits(ae.engine) >= 1, 30, "plan set waiting for the retire")
+        assert not store.holds(conn, storage_id=scene.storage, active_states=ACTIVE_JOB_STATES)
+        trans.commit()
+    out, err = enable.communicate(timeout=60)
+    assert enable.returncode == 3, (out, err)
+    assert f"storage {sid} is retired" in err
+    with ae.engine.connect() as conn:
+        enabled = conn.execute(select(archive_plans.c.enabled)).scalar_one()
+    assert not enabled
