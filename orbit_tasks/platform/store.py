@@ -578,6 +578,36 @@ def retired_ids_query(kind: RetiredKind) -> Any:
     return select(r.target_id).where(r.target_kind == kind.value)
 
 
+def holds_queries(
+    *,
+    storage_id: bytes | None = None,
+    namespace_id: bytes | None = None,
+    active_states: Collection[str],
+) -> tuple[Any, Any]:
+    """The locking reads of :func:`holds`: the enabled plans (on ``ix_archive_plan_due`` for a
+    storage, the primary key for a namespace) and the jobs in ``active_states``
+    (``ix_archive_job_claim`` for a storage, the primary key's namespace prefix for a
+    namespace)."""
+    p, j = archive_plans.c, archive_jobs.c
+    if storage_id is not None:
+        plan_cond, job_cond = p.storage_id == storage_id, j.storage_id == storage_id
+    else:
+        plan_cond, job_cond = p.namespace_id == namespace_id, j.namespace_id == namespace_id
+    plans = (
+        select(p.namespace_id, p.kind)
+        .where(plan_cond, p.enabled == true())
+        .order_by(p.namespace_id, p.kind)
+        .with_for_update()
+    )
+    jobs = (
+        select(j.namespace_id, j.id, j.state)
+        .where(job_cond, j.state.in_(sorted(active_states)))
+        .order_by(j.namespace_id, j.id)
+        .with_for_update()
+    )
+    return plans, jobs
+
+
 def holds(
     conn: Connection,
     *,
@@ -586,26 +616,13 @@ def holds(
     active_states: Collection[str],
 ) -> Holds:
     """The enabled plans and the jobs in ``active_states`` of a storage or a namespace, read
-    with an exclusive lock (``FOR UPDATE``): the rows found, and on MySQL/MariaDB the index
-    ranges searched, stay as read until the caller's transaction ends, so a plan enabled
-    meanwhile waits for it."""
-    p, j = archive_plans.c, archive_jobs.c
-    if storage_id is not None:
-        plan_cond, job_cond = p.storage_id == storage_id, j.storage_id == storage_id
-    else:
-        plan_cond, job_cond = p.namespace_id == namespace_id, j.namespace_id == namespace_id
-    plan_rows = conn.execute(
-        select(p.namespace_id, p.kind)
-        .where(plan_cond, p.enabled == true())
-        .order_by(p.namespace_id, p.kind)
-        .with_for_update()
-    ).all()
-    job_rows = conn.execute(
-        select(j.namespace_id, j.id, j.state)
-        .where(job_cond, j.state.in_(sorted(active_states)))
-        .order_by(j.namespace_id, j.id)
-        .with_for_update()
-    ).all()
+    with an exclusive lock (``FOR UPDATE``): a plan enabled or a job changed by a transaction
+    that has not committed yet is waited for, and read as it committed."""
+    plan_query, job_query = holds_queries(
+        storage_id=storage_id, namespace_id=namespace_id, active_states=active_states
+    )
+    plan_rows = conn.execute(plan_query).all()
+    job_rows = conn.execute(job_query).all()
     names = _namespace_names(conn, {bytes(r.namespace_id) for r in [*plan_rows, *job_rows]})
 
     def ns(ns_id: Any) -> str:
