@@ -425,7 +425,10 @@ def test_a_retired_s3_storage_stays_readable_through_its_url(
     """An S3 storage (the moto server) archived by a real worker, retired by its label: its
     location stays registered, so ``--volume s3://...`` still verifies, exports and restores;
     ``storage list --all`` shows where it lives."""
-    with archive_env(mariadb_url, platform_engine, tmp_path, **moto.env()) as ae:
+    # a lease of a minute: the session bounds of the test default (6 s) close an idle session
+    # while a command reads objects from moto on a loaded machine
+    env = {**moto.env(), "ORBIT_ARCHIVE_LEASE_SECONDS": "60"}
+    with archive_env(mariadb_url, platform_engine, tmp_path, **env) as ae:
         bucket = moto.bucket(bucket_name("retire"))
         url = f"s3://{bucket}/old"
         sid = json.loads(ae.orbit(*moto.init_args(url), "--label", "cold", "--json").stdout)["id"]
