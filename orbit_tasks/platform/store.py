@@ -666,7 +666,7 @@ def insert_retirement(
                 reason=reason,
                 retired_by=actor[:128],
                 retired_at=at,
-            )  # fmt: skip
+            )
         )
     except IntegrityError:
         raise ConflictError(f"{kind.value} {target_id.hex()} was retired concurrently") from None

@@ -459,3 +459,19 @@ def test_a_retired_s3_storage_stays_readable_through_its_url(
         with sqlite3.connect(into) as db:
             assert db.execute("SELECT COUNT(*) FROM orbit_tasks").fetchone()[0] == done.roots
         assert moto.keys(bucket) == keys  # nothing written or removed
+
+
+def test_the_refusal_names_five_of_each_and_counts_the_rest() -> None:
+    """Pure: the wording of what holds a storage or namespace (the first five, then how many
+    more), one line however many."""
+    holds = store.Holds(
+        plans=("a/tasks",),
+        plan_count=1,
+        jobs=tuple(f"a/{i:032x} PENDING" for i in range(5)),
+        job_count=12,
+    )
+    text_ = holds.describe()
+    assert text_.startswith("1 enabled plan (a/tasks) and 12 active jobs (a/")
+    assert text_.endswith(" PENDING, 7 more)") and "\n" not in text_
+    assert store.Holds((), 0, ("a/x FAILED",), 1).describe() == "1 active job (a/x FAILED)"
+    assert not store.Holds((), 0, (), 0)
