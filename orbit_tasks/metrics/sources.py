@@ -135,7 +135,8 @@ class PlatformSource:
         (the broker probe needs them for the queue names)."""
         with snapshot_connection(self.engine) as conn:
             now = db_now(conn)
-            storages = store.registered_storages(conn)
+            registered = store.registered_storages(conn)
+            storages = tuple(registered.live)
             if on_storages is not None:
                 on_storages(storages)
             tally = self._terminal_tally(conn, now)
@@ -151,8 +152,12 @@ class PlatformSource:
             waiting = control_store.waiting_counts(conn)
             backlogs = self._plan_backlogs(conn, now)
             beat = _beat_reading(conn, now)
+            names = store.namespace_names(conn)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
-        return replace(reading, waiting=waiting, backlogs=backlogs, beat=beat)
+        return replace(
+            reading, waiting=waiting, backlogs=backlogs, storage_labels=registered.live,
+            namespace_names=names, retired=registered.retired, beat=beat,
+        )  # fmt: skip
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:
         """Every enabled plan's backlog: the range a job created now would have (its ``from`` =
