@@ -106,6 +106,11 @@ def _create_volume(root: Path, storage_id: bytes, label: str) -> None:
 @storage_group.command("init")
 @click.argument("path")
 @click.option("--label", default=None, help=f"Human label (0..{MAX_LABEL} characters).")
+@click.option(
+    "--create",
+    is_flag=True,
+    help="A folder: create PATH (and its parents) when it does not exist.",
+)
 @click.option("--endpoint", default="", help="s3://: the S3 endpoint URL (MinIO, Ceph, ...).")
 @click.option("--region", default="", help="s3://: the bucket's region.")
 @click.option("--path-style", is_flag=True, help="s3://: path-style addressing (MinIO).")
@@ -123,6 +128,7 @@ def _create_volume(root: Path, storage_id: bytes, label: str) -> None:
 def storage_init(
     path: str,
     label: str | None,
+    create: bool,
     endpoint: str,
     region: str,
     path_style: bool,
@@ -141,6 +147,11 @@ def storage_init(
         storage_class=storage_class, sse=sse, kms_key_id=kms_key_id, adopt=adopt,
     )  # fmt: skip
     if is_s3_url(path):
+        if create:
+            raise InvalidInput(
+                f"--create only applies to a folder, not to {path} (an S3 prefix needs no "
+                "creating)"
+            )
         bucket, prefix = parse_s3_url(path)
         loc = S3Location(
             bucket, prefix, endpoint.rstrip("/"), region, path_style, storage_class, sse,
@@ -151,6 +162,11 @@ def storage_init(
         return
     root = Path(path).resolve()
     _check_place(root)
+    if not root.exists() and not create:
+        raise InvalidInput(
+            f"{root} does not exist (a typo, or a volume not mounted yet?): mount the volume "
+            "there, or pass --create to make a new folder on the disk that holds its parent"
+        )
     outer = _enclosing_volume(root)
     if outer is not None:
         raise ConflictError(
