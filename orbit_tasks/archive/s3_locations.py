@@ -199,3 +199,13 @@ def check_options(loc: S3Location) -> None:
 
 def location_doc(loc: S3Location) -> str:
     return json.dumps(loc.to_json(), sort_keys=True)
+
+
+#: The write and access options of a location that ``storage init`` records (not the place).
+OPTION_FIELDS = ("endpoint", "region", "path_style", "storage_class", "sse", "kms_key_id")
+
+
+def differing_options(registered: S3Location, given: S3Location) -> list[str]:
+    """The option fields in which ``given`` differs from the ``registered`` location of the same
+    storage (issue 27: ``storage init`` again with other options is refused, not ignored)."""
+    return [f for f in OPTION_FIELDS if getattr(registered, f) != getattr(given, f)]

@@ -33,21 +33,28 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from orbit_tasks import failpoints
 from orbit_tasks.archive.engine.objects import S3Storage
-from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.archive.engine.volume import (
+    IDENTITY_FILE,
+    identity_below,
+    read_identity,
+    write_identity,
+)
 from orbit_tasks.archive.s3_locations import (
     SSE_MODES,
     STORAGE_CLASSES,
     S3Location,
     check_options,
+    differing_options,
     is_s3_url,
     parse_s3_url,
 )
 from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
-from orbit_tasks.cli.places import COMMAND_RETRY_SECONDS, refuse_s3_options
+from orbit_tasks.cli.places import COMMAND_RETRY_SECONDS, location_of, refuse_s3_options
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.error_lines import describe_database_error
 from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
@@ -149,8 +156,7 @@ def storage_init(
     if is_s3_url(path):
         if create:
             raise InvalidInput(
-                f"--create only applies to a folder, not to {path} (an S3 prefix needs no "
-                "creating)"
+                f"--create only applies to a folder, not to {path} (an S3 prefix needs no creating)"
             )
         bucket, prefix = parse_s3_url(path)
         loc = S3Location(
@@ -162,23 +168,25 @@ def storage_init(
         return
     root = Path(path).resolve()
     _check_place(root)
+    outer = _enclosing_volume(root)
+    if outer is not None:
+        raise ConflictError(
+            f"{root} lies inside the archive volume {outer} "
+            f"(storage {read_identity(outer).storage_id.hex()}); volumes cannot nest: choose a "
+            "folder outside every volume"
+        )
     if not root.exists() and not create:
         raise InvalidInput(
             f"{root} does not exist (a typo, or a volume not mounted yet?): mount the volume "
             "there, or pass --create to make a new folder on the disk that holds its parent"
         )
-    outer = _enclosing_volume(root)
-    if outer is not None:
-        raise ConflictError(
-            f"{root} lies inside the archive volume {outer} "
-            f"(storage {read_identity(outer).storage_id.hex()}); volumes cannot nest"
-        )
     if (root / IDENTITY_FILE).exists():
         ident = read_identity(root)
         if label is not None and label != ident.label:
             raise ConflictError(
-                f"{root} already holds storage {ident.storage_id.hex()} labelled "
-                f"{ident.label!r}, not {label!r}; refusing to create another identity"
+                f"{root} already holds storage {ident.storage_id.hex()} with --label "
+                f"{ident.label!r}, not {label!r}: check that this is the disk you mean (storage "
+                "init never changes a storage's label nor makes a second identity)"
             )
         with platform_engine().begin() as conn:
             registered = store.storage_exists(conn, ident.storage_id)
@@ -187,6 +195,8 @@ def storage_init(
         storage_id, final_label = ident.storage_id, ident.label
         status = "existing" if registered else "registered"
     else:
+        if root.exists():
+            _refuse_volume_below(root)
         storage_id, final_label = new_id(), label or ""
         _create_volume(root, storage_id, final_label)
         status = "created"
@@ -201,6 +211,44 @@ def storage_init(
     emit(data, as_json, storage_id.hex())
 
 
+def _refuse_volume_below(root: Path) -> None:
+    """Storages cannot nest the other way either (issue 27): a new volume around others."""
+    inner = identity_below(root)
+    if inner is None:
+        return
+    try:
+        inner_id = read_identity(inner).storage_id
+    except InvalidInput:
+        what = "an unreadable identity file"
+    else:
+        with platform_engine().connect() as conn:
+            registered = store.storage_exists(conn, inner_id)
+        what = f"{'registered ' if registered else ''}storage {inner_id.hex()}" + (
+            "" if registered else ", not registered in this platform database"
+        )
+    raise ConflictError(
+        f"{root} holds the archive volume {inner} ({what}); volumes cannot nest: choose a "
+        "folder outside every volume"
+    )
+
+
+#: How ``storage init`` words an S3 location's option fields.
+OPTION_FLAGS = {
+    "endpoint": "--endpoint",
+    "region": "--region",
+    "path_style": "--path-style",
+    "storage_class": "--storage-class",
+    "sse": "--sse",
+    "kms_key_id": "--kms-key-id",
+}
+
+
+def _option_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value) if value else "none"
+
+
 def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> None:
     storage = S3Storage(loc, retry_seconds=COMMAND_RETRY_SECONDS)
     url = loc.url
@@ -210,7 +258,8 @@ def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> 
         if storage.has_identity(parent):
             outer = f"s3://{loc.bucket}/{parent}" if parent else f"s3://{loc.bucket}"
             raise ConflictError(
-                f"{url} lies inside the archive storage {outer}; storages cannot nest"
+                f"{url} lies inside the archive storage {outer}; storages cannot nest: choose a "
+                "prefix outside every storage"
             )
     try:
         ident = storage.identity()
@@ -221,23 +270,39 @@ def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> 
     if ident is not None:
         if label is not None and label != ident.label:
             raise ConflictError(
-                f"{url} already holds storage {ident.storage_id.hex()} labelled "
-                f"{ident.label!r}, not {label!r}; refusing to create another identity"
+                f"{url} already holds storage {ident.storage_id.hex()} with --label "
+                f"{ident.label!r}, not {label!r}: check the bucket and prefix (storage init "
+                "never changes a storage's label nor makes a second identity)"
             )
         with platform_engine().begin() as conn:
             registered = store.storage_exists(conn, ident.storage_id)
             if not registered and not adopt:
                 raise ConflictError(
                     f"{url} already holds storage {ident.storage_id.hex()}, which is not "
-                    "registered in this platform database (another database's storage?); "
-                    "--adopt registers it here"
+                    "registered in this platform database: check ORBIT_DATABASE_URL, the "
+                    "endpoint and the prefix; another deployment's storage must not be "
+                    'adopted (docs/operations.md, "A storage that is not registered here")'
                 )
+            current = store.object_location(conn, ident.storage_id) if registered else None
+            if current is not None:
+                _refuse_other_options(url, ident.storage_id, location_of(current), loc)
             if not registered:
+                _refuse_taken(conn, loc)
+                _refuse_nested(conn, loc)
                 store.register_storage(conn, ident.storage_id, ident.label)
             store.register_object_location(conn, ident.storage_id, asdict(loc))
         storage_id, final_label = ident.storage_id, ident.label
         status = "existing" if registered else "registered"
     else:
+        with platform_engine().connect() as conn:
+            _refuse_taken(conn, loc)
+            _refuse_nested(conn, loc)
+        inner = storage.identity_below()
+        if inner is not None:
+            raise ConflictError(
+                f"{url} holds the archive storage s3://{loc.bucket}/{inner}; storages cannot "
+                "nest: choose a prefix outside every storage"
+            )
         storage_id, final_label = new_id(), label or ""
         _create_s3(storage, loc, storage_id, final_label)
         status = "created"
@@ -245,6 +310,48 @@ def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> 
         click.echo(f"{url} already holds storage {storage_id.hex()} ({status})", err=True)
     data = {"id": storage_id.hex(), "label": final_label, "path": url, "status": status}
     emit(data, as_json, storage_id.hex())
+
+
+def _refuse_other_options(
+    url: str, storage_id: bytes, registered: S3Location, given: S3Location
+) -> None:
+    """``storage init`` again with other options than the registered ones: exit 3 (issue 27)."""
+    fields = differing_options(registered, given)
+    if not fields:
+        return
+    words = ", ".join(
+        f"{OPTION_FLAGS[f]} {_option_value(getattr(registered, f))} "
+        f"(given {_option_value(getattr(given, f))})"
+        for f in fields
+    )
+    raise ConflictError(
+        f"{url} is storage {storage_id.hex()}, registered with {words}; storage init does not "
+        "change a registered storage's options: repeat the registered ones (orbit storage list)"
+    )
+
+
+def _refuse_taken(conn: Connection, loc: S3Location) -> None:
+    """One bucket and prefix is registered once, whatever the endpoint (issue 27): ``--volume
+    s3://BUCKET/PREFIX`` must name one storage."""
+    for doc in store.object_locations(conn, loc.bucket, loc.prefix):
+        endpoint = str(doc["endpoint"]) or "AWS"
+        raise ConflictError(
+            f"{loc.url} is already registered as storage {doc['storage_id']} at {endpoint}; a "
+            "bucket and prefix is registered once (--volume names a storage by them): check "
+            "--endpoint against orbit storage list, or choose another prefix"
+        )
+
+
+def _refuse_nested(conn: Connection, loc: S3Location) -> None:
+    """A registered storage (on any endpoint) around or inside the new one (issue 27)."""
+    for doc in store.object_locations_nested(conn, loc.bucket, loc.prefix):
+        other = location_of(doc).url
+        inside = other.startswith(loc.url + "/") or (not loc.prefix and other != loc.url)
+        relation = "holds" if inside else "lies inside"
+        raise ConflictError(
+            f"{loc.url} {relation} the registered storage {other} (storage "
+            f"{doc['storage_id']}); storages cannot nest: choose a prefix outside every storage"
+        )
 
 
 def _create_s3(storage: S3Storage, loc: S3Location, storage_id: bytes, label: str) -> None:

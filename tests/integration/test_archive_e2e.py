@@ -201,7 +201,7 @@ def test_two_workers_archive_all_kinds_then_only_the_new_roots(
         queue_hex = cli_json(ae.orbit("queue", "create", "e2e-ns", "default", "--json"))["id"]
         vols = [tmp_path / "vol-a", tmp_path / "vol-b"]
         sids = [
-            cli_json(ae.orbit("storage", "init", str(v), "--label", v.name, "--json"))["id"]
+            cli_json(ae.orbit("storage", "init", str(v), "--create", "--label", v.name, "--json"))["id"]
             for v in vols
         ]
         kinds = list(HISTORY_KINDS)
