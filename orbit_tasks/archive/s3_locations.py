@@ -126,7 +126,7 @@ def check_prefix(prefix: str) -> None:
         )
     for segment in prefix.split("/"):
         if segment in ("", ".", ".."):
-            what = "an empty segment" if not segment else f"a {segment!r} segment"
+            what = "an empty path segment" if not segment else f"a {segment!r} path segment"
             raise InvalidInput(f"prefix {prefix!r} holds {what} ({_PREFIX_RULE})")
 
 

@@ -126,7 +126,7 @@ PLACES: dict[str, Callable[[Path], AbstractContextManager[Path]]] = {
         ("full", "vol", 1, ["no space"]),
         ("full", "", 1, ["no space"]),
         ("proc", "orbit-volume", 2, []),
-        ("proc", "", 2, []),
+        ("proc", "", 3, ["more than 1000 folders"]),  # storages cannot nest: checked first
         ("file", "sub/vol", 2, ["not a directory"]),
     ],
 )

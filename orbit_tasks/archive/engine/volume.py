@@ -115,9 +115,12 @@ def identity_below(root: Path, *, limit: int = NEST_SCAN_LIMIT) -> Path | None:
                     f"{root} holds more than {limit} folders; a new archive volume must not "
                     "contain another and is checked folder by folder: choose an empty folder"
                 )
-            if (sub / IDENTITY_FILE).exists():
-                return sub
-            queue.append(sub)
+            try:
+                (sub / IDENTITY_FILE).lstat()
+            except OSError:  # none there, or not ours to see (skipped as unlistable)
+                queue.append(sub)
+                continue
+            return sub
     return None
 
 
