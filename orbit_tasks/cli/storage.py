@@ -14,8 +14,10 @@ path that already holds an identity the command does not create a new one:
 - ``--label`` given and different from the label in the file: exit 3 (you are probably looking
   at another disk than you think); unreadable or foreign identity file: exit 2.
 
-A volume may not lie inside another volume (a parent directory holding an identity): exit 3,
-because job directories of the two would overlap.
+A volume may not lie inside another volume (a parent directory holding an identity) nor hold one
+below it (issue 27: any identity file under a new volume, registered or not): exit 3, because
+job directories of the two would overlap. A PATH that does not exist is refused (exit 2: a typo
+or an unmounted volume) unless ``--create`` says to make it.
 
 ``storage init s3://BUCKET/PREFIX`` (issue 18, docs/decisions.md "S3 storages") does the same on
 object storage: the registry row and the storage's location (endpoint, region, addressing
@@ -24,6 +26,12 @@ style, storage class, SSE; never a credential) are inserted, the identity object
 commits. An identity object that is there already is this database's storage (printed, exit
 0), or refused (exit 3) -- another database's storage, or one whose registration was lost:
 ``--adopt`` registers it here on purpose. An identity under a parent prefix: exit 3.
+
+Issue 27: storages cannot nest on S3 either way (identity objects under a parent prefix or
+below the new one, and registered storages around or inside it on any endpoint); one bucket and
+prefix is registered once, whatever the endpoint (``--volume s3://...`` names one storage); and
+``storage init`` again on a registered storage with other options than the registered ones is
+refused (exit 3), naming each option with its registered and its given value.
 """
 
 from __future__ import annotations
@@ -223,8 +231,10 @@ def _refuse_volume_below(root: Path) -> None:
     else:
         with platform_engine().connect() as conn:
             registered = store.storage_exists(conn, inner_id)
-        what = f"{'registered ' if registered else ''}storage {inner_id.hex()}" + (
-            "" if registered else ", not registered in this platform database"
+        what = (
+            f"registered storage {inner_id.hex()}"
+            if registered
+            else f"storage {inner_id.hex()}, not registered in this platform database"
         )
     raise ConflictError(
         f"{root} holds the archive volume {inner} ({what}); volumes cannot nest: choose a "
