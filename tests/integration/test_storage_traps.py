@@ -313,6 +313,10 @@ def test_one_bucket_and_prefix_is_registered_under_one_endpoint(
             # a pair registered before issue 27 (by hand here): --volume URL is ambiguous and
             # says how to name one; --volume STORAGE_ID opens each
             twin = _ok(run_orbit([*_s3(second, url), "--json"], second_env))
+            # nor adopted here: the other endpoint's identity under a taken bucket and prefix
+            adopt = run_orbit([*_s3(moto, url, endpoint=second.endpoint), "--adopt"], env)
+            assert_one_line_error(adopt, 3, first["id"], "registered once")
+            assert _counts(platform_engine) == (1, 1)
             with platform_engine.begin() as conn:
                 store.register_storage(conn, bytes.fromhex(twin["id"]), "")
                 store.register_object_location(
