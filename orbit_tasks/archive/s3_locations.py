@@ -11,6 +11,7 @@ secret: URLs with user info, and endpoints with user info, a path or a query, ar
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -35,7 +36,15 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_CHAR = re.compile(r"^[A-Za-z0-9!_.*'()/-]*$")
 #: http(s)://HOST[:PORT][/]: a DNS name, an IPv4 or a bracketed IPv6 address; no user info, path,
 #: query or fragment (a credential in the URL would be stored in the registry and printed)
-_ENDPOINT = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?$")
+_ENDPOINT = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Za-z:.]+\])(?::([0-9]{1,5}))?/?$")
+#: One DNS label: 1..63 letters, digits and hyphens, not starting or ending with a hyphen.
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+MIN_PORT, MAX_PORT = 1, 65535
+#: What a prefix may hold (the words of the refusals).
+_PREFIX_RULE = (
+    "allowed: '/'-separated segments of A-Z a-z 0-9 ! _ . * ' ( ) -, "
+    "none empty, '.' or '..', no leading '/'"
+)
 
 
 @dataclass(frozen=True)
@@ -94,15 +103,68 @@ def parse_s3_url(text: str) -> tuple[str, str]:
             f"bucket {bucket!r} is not a valid S3 bucket name (3..63 lowercase letters, digits, "
             "dots and hyphens, starting and ending with a letter or digit)"
         )
-    prefix = prefix.strip("/")
+    if prefix.startswith("/"):
+        raise InvalidInput(f"prefix {prefix!r} starts with '/' ({_PREFIX_RULE})")
+    prefix = prefix.removesuffix("/")  # s3://BUCKET/PREFIX/ names the same prefix
+    check_prefix(prefix)
+    return bucket, prefix
+
+
+def check_prefix(prefix: str) -> None:
+    """A storage's key prefix: ``""`` (the bucket's root) or ``/``-separated segments, none
+    empty, ``.`` or ``..`` (a reader resolving them would find another prefix's objects), of
+    the characters S3 calls safe; at most :data:`MAX_PREFIX` characters."""
     if len(prefix) > MAX_PREFIX:
         raise InvalidInput(f"prefix is {len(prefix)} characters long (allowed 0..{MAX_PREFIX})")
-    if not _PREFIX_CHAR.match(prefix) or "//" in prefix:
+    if not prefix:
+        return
+    if prefix.startswith("/"):
+        raise InvalidInput(f"prefix {prefix!r} starts with '/' ({_PREFIX_RULE})")
+    if not _PREFIX_CHAR.match(prefix):
         raise InvalidInput(
-            f"prefix {prefix!r} holds characters outside A-Z a-z 0-9 ! _ . * ' ( ) - / "
-            "(or an empty path segment)"
+            f"prefix {prefix!r} holds characters outside A-Z a-z 0-9 ! _ . * ' ( ) - /"
         )
-    return bucket, prefix
+    for segment in prefix.split("/"):
+        if segment in ("", ".", ".."):
+            what = "an empty path segment" if not segment else f"a {segment!r} path segment"
+            raise InvalidInput(f"prefix {prefix!r} holds {what} ({_PREFIX_RULE})")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """``--endpoint``: ``http(s)://HOST[:PORT]`` with a DNS name, an IPv4 or a bracketed IPv6
+    address and a port of 1..65535; no user info, path, query or fragment. Shown redacted."""
+    match = _ENDPOINT.match(endpoint)
+    if match is None:
+        if "@" in endpoint.split("?", 1)[0].split("#", 1)[0]:
+            raise InvalidInput(
+                f"endpoint {redact_url(endpoint)!r} carries user info (credentials come "
+                "only from the AWS chain, never from the endpoint)"
+            )
+        raise InvalidInput(
+            f"endpoint {redact_url(endpoint)!r} is not an http(s)://HOST[:PORT] URL "
+            "without a path or query"
+        )
+    host, port = match.group(1), match.group(2)
+    if not _valid_host(host):
+        raise InvalidInput(
+            f"endpoint {endpoint!r} names the host {host!r}, which is not a DNS name, an IPv4 "
+            "address or a bracketed IPv6 address"
+        )
+    if port is not None and not MIN_PORT <= int(port) <= MAX_PORT:
+        raise InvalidInput(
+            f"endpoint {endpoint!r} has port {int(port)} (allowed {MIN_PORT}..{MAX_PORT})"
+        )
+
+
+def _valid_host(host: str) -> bool:
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    labels = host.removesuffix(".").split(".")
+    return len(host) <= 253 and all(_LABEL.match(label) for label in labels)
 
 
 def location_from_json(doc: Mapping[str, Any]) -> S3Location:
@@ -130,17 +192,20 @@ def check_options(loc: S3Location) -> None:
         raise InvalidInput(f"SSE mode {loc.sse!r} is not allowed (allowed: AES256, aws:kms)")
     if loc.kms_key_id and loc.sse != "aws:kms":
         raise InvalidInput("a KMS key id needs SSE mode aws:kms")
-    if loc.endpoint and not _ENDPOINT.match(loc.endpoint):
-        if "@" in loc.endpoint.split("?", 1)[0].split("#", 1)[0]:
-            raise InvalidInput(
-                f"endpoint {redact_url(loc.endpoint)!r} carries user info (credentials come "
-                "only from the AWS chain, never from the endpoint)"
-            )
-        raise InvalidInput(
-            f"endpoint {redact_url(loc.endpoint)!r} is not an http(s)://HOST[:PORT] URL "
-            "without a path or query"
-        )
+    if loc.endpoint:
+        check_endpoint(loc.endpoint)
+    check_prefix(loc.prefix)
 
 
 def location_doc(loc: S3Location) -> str:
     return json.dumps(loc.to_json(), sort_keys=True)
+
+
+#: The write and access options of a location that ``storage init`` records (not the place).
+OPTION_FIELDS = ("endpoint", "region", "path_style", "storage_class", "sse", "kms_key_id")
+
+
+def differing_options(registered: S3Location, given: S3Location) -> list[str]:
+    """The option fields in which ``given`` differs from the ``registered`` location of the same
+    storage (issue 27: ``storage init`` again with other options is refused, not ignored)."""
+    return [f for f in OPTION_FIELDS if getattr(registered, f) != getattr(given, f)]

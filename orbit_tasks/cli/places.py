@@ -15,6 +15,7 @@ from orbit_tasks.archive.engine.volume import VolumeIdentity
 from orbit_tasks.archive.jobs import Job
 from orbit_tasks.archive.s3_locations import S3Location, is_s3_url, parse_s3_url
 from orbit_tasks.errors import ConflictError, InvalidInput, NotFound
+from orbit_tasks.ids import from_hex, is_hex_id
 from orbit_tasks.platform import store
 
 #: How long a command retries an unanswered object store before it gives up (exit 1).
@@ -51,34 +52,57 @@ def location_of(doc: dict[str, object]) -> S3Location:
 
 
 def registered_location(conn: Connection, url: str) -> tuple[bytes, S3Location]:
-    """The registered S3 storage at ``url`` (exit 4 when none is, exit 3 when several are)."""
+    """The registered S3 storage at ``url`` (exit 4 when none is, exit 3 when several are: a
+    pair registered under two endpoints before issue 27, reached by the storages' ids)."""
     bucket, prefix = parse_s3_url(url)
     found = store.object_locations(conn, bucket, prefix)
     if not found:
         raise NotFound(
-            f"{url} is not a storage registered in this platform database "
-            f"(run 'orbit storage init {url}' with its --endpoint/--region first)"
+            f"{url} is not a storage registered in this platform database: check the bucket, "
+            "the prefix and ORBIT_DATABASE_URL against orbit storage list"
         )
     if len(found) > 1:
-        endpoints = ", ".join(str(d["endpoint"]) or "AWS" for d in found)
-        raise ConflictError(f"{url} is registered on several endpoints ({endpoints})")
+        pairs = ", ".join(f"{d['storage_id']} at {str(d['endpoint']) or 'AWS'}" for d in found)
+        raise ConflictError(
+            f"{url} is registered on several endpoints (storage {pairs}): give --volume the "
+            "id of the storage you mean"
+        )
     doc = found[0]
     return bytes.fromhex(str(doc["storage_id"])), location_of(doc)
+
+
+def registered_by_id(conn: Connection, given: str) -> tuple[bytes, S3Location] | None:
+    """``--volume STORAGE_ID``: the registered S3 storage of that id, or None when ``given`` is
+    not one (then it is a folder's path, as before; issue 27)."""
+    if not is_hex_id(given) or Path(given).exists():
+        return None
+    storage_id = from_hex(given)
+    doc = store.object_location(conn, storage_id)
+    if doc is not None:
+        return storage_id, location_of(doc)
+    if store.storage_exists(conn, storage_id):
+        raise InvalidInput(
+            f"--volume {given} is a folder storage: give the folder where its volume is mounted"
+        )
+    return None
 
 
 def open_place(
     conn: Connection, given: str, *, retry_seconds: float = COMMAND_RETRY_SECONDS
 ) -> OpenedPlace:
     """Open a ``--volume`` and read its identity (exit 2 when a folder is not a volume or an
-    identity is unreadable; an S3 identity must be the registered storage's, exit 3)."""
-    if is_s3_url(given):
-        storage_id, loc = registered_location(conn, given)
+    identity is unreadable; an S3 identity must be the registered storage's, exit 3). An S3
+    storage is named by its URL or by its id."""
+    by_id = registered_by_id(conn, given)
+    if by_id is not None or is_s3_url(given):
+        storage_id, loc = by_id or registered_location(conn, given)
         storage = open_storage(loc, retry_seconds=retry_seconds)
         ident = storage.identity()
         if ident.storage_id != storage_id:
             raise ConflictError(
-                f"{given} holds storage {ident.storage_id.hex()}, but this database registered "
-                f"storage {storage_id.hex()} there"
+                f"{loc.url} holds storage {ident.storage_id.hex()}, but this database registered "
+                f"storage {storage_id.hex()} there: check the endpoint and the bucket "
+                "(docs/operations.md, STORAGE_MISMATCH)"
             )
         return OpenedPlace(given, loc, storage, ident)
     storage = open_storage(Path(given))

@@ -14,8 +14,10 @@ path that already holds an identity the command does not create a new one:
 - ``--label`` given and different from the label in the file: exit 3 (you are probably looking
   at another disk than you think); unreadable or foreign identity file: exit 2.
 
-A volume may not lie inside another volume (a parent directory holding an identity): exit 3,
-because job directories of the two would overlap.
+A volume may not lie inside another volume (a parent directory holding an identity) nor hold one
+below it (issue 27: any identity file under a new volume, registered or not): exit 3, because
+job directories of the two would overlap. A PATH that does not exist is refused (exit 2: a typo
+or an unmounted volume) unless ``--create`` says to make it.
 
 ``storage init s3://BUCKET/PREFIX`` (issue 18, docs/decisions.md "S3 storages") does the same on
 object storage: the registry row and the storage's location (endpoint, region, addressing
@@ -24,6 +26,12 @@ style, storage class, SSE; never a credential) are inserted, the identity object
 commits. An identity object that is there already is this database's storage (printed, exit
 0), or refused (exit 3) -- another database's storage, or one whose registration was lost:
 ``--adopt`` registers it here on purpose. An identity under a parent prefix: exit 3.
+
+Issue 27: storages cannot nest on S3 either way (identity objects under a parent prefix or
+below the new one, and registered storages around or inside it on any endpoint); one bucket and
+prefix is registered once, whatever the endpoint (``--volume s3://...`` names one storage); and
+``storage init`` again on a registered storage with other options than the registered ones is
+refused (exit 3), naming each option with its registered and its given value.
 """
 
 from __future__ import annotations
@@ -38,12 +46,18 @@ from sqlalchemy.exc import DBAPIError
 
 from orbit_tasks import failpoints
 from orbit_tasks.archive.engine.objects import S3Storage
-from orbit_tasks.archive.engine.volume import IDENTITY_FILE, read_identity, write_identity
+from orbit_tasks.archive.engine.volume import (
+    IDENTITY_FILE,
+    identity_below,
+    read_identity,
+    write_identity,
+)
 from orbit_tasks.archive.s3_locations import (
     SSE_MODES,
     STORAGE_CLASSES,
     S3Location,
     check_options,
+    differing_options,
     is_s3_url,
     parse_s3_url,
 )
@@ -55,7 +69,7 @@ from orbit_tasks.cli.namespace import (
     checked_reason,
     retired_fields,
 )
-from orbit_tasks.cli.places import COMMAND_RETRY_SECONDS, refuse_s3_options
+from orbit_tasks.cli.places import COMMAND_RETRY_SECONDS, location_of, refuse_s3_options
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.error_lines import describe_database_error
@@ -123,6 +137,11 @@ def _create_volume(root: Path, storage_id: bytes, label: str) -> None:
 @storage_group.command("init")
 @click.argument("path")
 @click.option("--label", default=None, help=f"Human label (0..{MAX_LABEL} characters).")
+@click.option(
+    "--create",
+    is_flag=True,
+    help="A folder: create PATH (and its parents) when it does not exist.",
+)
 @click.option("--endpoint", default="", help="s3://: the S3 endpoint URL (MinIO, Ceph, ...).")
 @click.option("--region", default="", help="s3://: the bucket's region.")
 @click.option("--path-style", is_flag=True, help="s3://: path-style addressing (MinIO).")
@@ -140,6 +159,7 @@ def _create_volume(root: Path, storage_id: bytes, label: str) -> None:
 def storage_init(
     path: str,
     label: str | None,
+    create: bool,
     endpoint: str,
     region: str,
     path_style: bool,
@@ -158,6 +178,10 @@ def storage_init(
         storage_class=storage_class, sse=sse, kms_key_id=kms_key_id, adopt=adopt,
     )  # fmt: skip
     if is_s3_url(path):
+        if create:
+            raise InvalidInput(
+                f"--create only applies to a folder, not to {path} (an S3 prefix needs no creating)"
+            )
         bucket, prefix = parse_s3_url(path)
         loc = S3Location(
             bucket, prefix, endpoint.rstrip("/"), region, path_style, storage_class, sse,
@@ -172,14 +196,21 @@ def storage_init(
     if outer is not None:
         raise ConflictError(
             f"{root} lies inside the archive volume {outer} "
-            f"(storage {read_identity(outer).storage_id.hex()}); volumes cannot nest"
+            f"(storage {read_identity(outer).storage_id.hex()}); volumes cannot nest: choose a "
+            "folder outside every volume"
+        )
+    if not root.exists() and not create:
+        raise InvalidInput(
+            f"{root} does not exist (a typo, or a volume not mounted yet?): mount the volume "
+            "there, or pass --create to make a new folder on the disk that holds its parent"
         )
     if (root / IDENTITY_FILE).exists():
         ident = read_identity(root)
         if label is not None and label != ident.label:
             raise ConflictError(
-                f"{root} already holds storage {ident.storage_id.hex()} labelled "
-                f"{ident.label!r}, not {label!r}; refusing to create another identity"
+                f"{root} already holds storage {ident.storage_id.hex()} with --label "
+                f"{ident.label!r}, not {label!r}: check that this is the disk you mean (storage "
+                "init never changes a storage's label nor makes a second identity)"
             )
         with platform_engine().begin() as conn:
             registered = store.storage_exists(conn, ident.storage_id)
@@ -188,6 +219,8 @@ def storage_init(
         storage_id, final_label = ident.storage_id, ident.label
         status = "existing" if registered else "registered"
     else:
+        if root.exists():
+            _refuse_volume_below(root)
         storage_id, final_label = new_id(), label or ""
         _create_volume(root, storage_id, final_label)
         status = "created"
@@ -202,6 +235,46 @@ def storage_init(
     emit(data, as_json, storage_id.hex())
 
 
+def _refuse_volume_below(root: Path) -> None:
+    """Storages cannot nest the other way either (issue 27): a new volume around others."""
+    inner = identity_below(root)
+    if inner is None:
+        return
+    try:
+        inner_id = read_identity(inner).storage_id
+    except InvalidInput:
+        what = "an unreadable identity file"
+    else:
+        with platform_engine().connect() as conn:
+            registered = store.storage_exists(conn, inner_id)
+        what = (
+            f"registered storage {inner_id.hex()}"
+            if registered
+            else f"storage {inner_id.hex()}, not registered in this platform database"
+        )
+    raise ConflictError(
+        f"{root} holds the archive volume {inner} ({what}); volumes cannot nest: choose a "
+        "folder outside every volume"
+    )
+
+
+#: How ``storage init`` words an S3 location's option fields.
+OPTION_FLAGS = {
+    "endpoint": "--endpoint",
+    "region": "--region",
+    "path_style": "--path-style",
+    "storage_class": "--storage-class",
+    "sse": "--sse",
+    "kms_key_id": "--kms-key-id",
+}
+
+
+def _option_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value) if value else "none"
+
+
 def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> None:
     storage = S3Storage(loc, retry_seconds=COMMAND_RETRY_SECONDS)
     url = loc.url
@@ -211,7 +284,8 @@ def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> 
         if storage.has_identity(parent):
             outer = f"s3://{loc.bucket}/{parent}" if parent else f"s3://{loc.bucket}"
             raise ConflictError(
-                f"{url} lies inside the archive storage {outer}; storages cannot nest"
+                f"{url} lies inside the archive storage {outer}; storages cannot nest: choose a "
+                "prefix outside every storage"
             )
     try:
         ident = storage.identity()
@@ -222,23 +296,39 @@ def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> 
     if ident is not None:
         if label is not None and label != ident.label:
             raise ConflictError(
-                f"{url} already holds storage {ident.storage_id.hex()} labelled "
-                f"{ident.label!r}, not {label!r}; refusing to create another identity"
+                f"{url} already holds storage {ident.storage_id.hex()} with --label "
+                f"{ident.label!r}, not {label!r}: check the bucket and prefix (storage init "
+                "never changes a storage's label nor makes a second identity)"
             )
         with platform_engine().begin() as conn:
             registered = store.storage_exists(conn, ident.storage_id)
             if not registered and not adopt:
                 raise ConflictError(
                     f"{url} already holds storage {ident.storage_id.hex()}, which is not "
-                    "registered in this platform database (another database's storage?); "
-                    "--adopt registers it here"
+                    "registered in this platform database: check ORBIT_DATABASE_URL, the "
+                    "endpoint and the prefix; another deployment's storage must not be "
+                    'adopted (docs/operations.md, "A storage that is not registered here")'
                 )
+            current = store.object_location(conn, ident.storage_id) if registered else None
+            if current is not None:
+                _refuse_other_options(url, ident.storage_id, location_of(current), loc)
             if not registered:
+                _refuse_taken(conn, loc)
+                _refuse_nested(conn, loc)
                 store.register_storage(conn, ident.storage_id, ident.label)
             store.register_object_location(conn, ident.storage_id, asdict(loc))
         storage_id, final_label = ident.storage_id, ident.label
         status = "existing" if registered else "registered"
     else:
+        with platform_engine().connect() as conn:
+            _refuse_taken(conn, loc)
+            _refuse_nested(conn, loc)
+        inner = storage.identity_below()
+        if inner is not None:
+            raise ConflictError(
+                f"{url} holds the archive storage s3://{loc.bucket}/{inner}; storages cannot "
+                "nest: choose a prefix outside every storage"
+            )
         storage_id, final_label = new_id(), label or ""
         _create_s3(storage, loc, storage_id, final_label)
         status = "created"
@@ -246,6 +336,48 @@ def _init_s3(loc: S3Location, label: str | None, adopt: bool, as_json: bool) -> 
         click.echo(f"{url} already holds storage {storage_id.hex()} ({status})", err=True)
     data = {"id": storage_id.hex(), "label": final_label, "path": url, "status": status}
     emit(data, as_json, storage_id.hex())
+
+
+def _refuse_other_options(
+    url: str, storage_id: bytes, registered: S3Location, given: S3Location
+) -> None:
+    """``storage init`` again with other options than the registered ones: exit 3 (issue 27)."""
+    fields = differing_options(registered, given)
+    if not fields:
+        return
+    words = ", ".join(
+        f"{OPTION_FLAGS[f]} {_option_value(getattr(registered, f))} "
+        f"(given {_option_value(getattr(given, f))})"
+        for f in fields
+    )
+    raise ConflictError(
+        f"{url} is storage {storage_id.hex()}, registered with {words}; storage init does not "
+        "change a registered storage's options: repeat the registered ones (orbit storage list)"
+    )
+
+
+def _refuse_taken(conn: Connection, loc: S3Location) -> None:
+    """One bucket and prefix is registered once, whatever the endpoint (issue 27): ``--volume
+    s3://BUCKET/PREFIX`` must name one storage."""
+    for doc in store.object_locations(conn, loc.bucket, loc.prefix):
+        endpoint = str(doc["endpoint"]) or "AWS"
+        raise ConflictError(
+            f"{loc.url} is already registered as storage {doc['storage_id']} at {endpoint}; a "
+            "bucket and prefix is registered once (--volume names a storage by them): check "
+            "--endpoint against orbit storage list, or choose another prefix"
+        )
+
+
+def _refuse_nested(conn: Connection, loc: S3Location) -> None:
+    """A registered storage (on any endpoint) around or inside the new one (issue 27)."""
+    for doc in store.object_locations_nested(conn, loc.bucket, loc.prefix):
+        other = location_of(doc).url
+        inside = other.startswith(loc.url + "/") or (not loc.prefix and other != loc.url)
+        relation = "holds" if inside else "lies inside"
+        raise ConflictError(
+            f"{loc.url} {relation} the registered storage {other} (storage "
+            f"{doc['storage_id']}); storages cannot nest: choose a prefix outside every storage"
+        )
 
 
 def _create_s3(storage: S3Storage, loc: S3Location, storage_id: bytes, label: str) -> None:

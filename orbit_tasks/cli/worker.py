@@ -175,7 +175,8 @@ def worker_archive(
             if not store.storage_exists(conn, opened.identity.storage_id):
                 raise NotFound(
                     f"--volume {path}: storage {hex_id} is not registered in this platform "
-                    "database (run 'orbit storage init PATH' to register it)"
+                    "database: check ORBIT_DATABASE_URL and the mounted disk "
+                    "(docs/operations.md, STORAGE_MISMATCH)"
                 )
             mounted[hex_id], given[hex_id] = opened.place, opened.where
     queues = [queue_name(bytes.fromhex(h)) for h in mounted]

@@ -154,7 +154,9 @@ class Demo:
         self.orbit("sender", "db", "upgrade")
         self.orbit("namespace", "create", "acme", "--json")
         volume = self.root / "volume-a"
-        storage = self.orbit("storage", "init", str(volume), "--label", "demo-a", "--json")
+        storage = self.orbit(
+            "storage", "init", str(volume), "--create", "--label", "demo-a", "--json"
+        )
         storage_id = storage["id"]
         self.orbit("queue", "create", "acme", "billing")
         for kind in KINDS:

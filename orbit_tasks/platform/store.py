@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, true, update
+from sqlalchemy import ColumnElement, Connection, func, insert, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.db.history_tables import audit_events
@@ -246,6 +246,21 @@ def object_locations(conn: Connection, bucket: str, prefix: str) -> list[dict[st
     rows = conn.execute(
         select(t).where(t.c.bucket == bucket, t.c.prefix == prefix).order_by(t.c.created_at)
     ).all()
+    return [_location(r) for r in rows]
+
+
+def object_locations_nested(conn: Connection, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    """The registered S3 storages of ``bucket`` (on any endpoint) whose prefix is a parent of
+    ``prefix`` or lies under it (storages cannot nest, issue 27), oldest first."""
+    t = archive_object_storages
+    cond: ColumnElement[bool]
+    if prefix:
+        parts = prefix.split("/")
+        parents = ["/".join(parts[:depth]) for depth in range(len(parts))]  # "" = the root
+        cond = t.c.prefix.startswith(prefix + "/", autoescape=True) | t.c.prefix.in_(parents)
+    else:
+        cond = t.c.prefix != ""  # the bucket's root holds every other prefix
+    rows = conn.execute(select(t).where(t.c.bucket == bucket, cond).order_by(t.c.created_at)).all()
     return [_location(r) for r in rows]
 
 

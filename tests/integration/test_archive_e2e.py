@@ -200,10 +200,8 @@ def test_two_workers_archive_all_kinds_then_only_the_new_roots(
         ns = bytes.fromhex(ns_hex)
         queue_hex = cli_json(ae.orbit("queue", "create", "e2e-ns", "default", "--json"))["id"]
         vols = [tmp_path / "vol-a", tmp_path / "vol-b"]
-        sids = [
-            cli_json(ae.orbit("storage", "init", str(v), "--label", v.name, "--json"))["id"]
-            for v in vols
-        ]
+        init = ("storage", "init", "--create", "--json")  # fresh folders: --create
+        sids = [cli_json(ae.orbit(*init, str(v), "--label", v.name))["id"] for v in vols]
         kinds = list(HISTORY_KINDS)
         storage_of = {k: i % 2 for i, k in enumerate(kinds)}
         for kind in kinds[:2]:  # the operator path through the CLI

@@ -144,8 +144,9 @@ def test_full_cycle_through_the_cli_on_every_kind(
     sid, loc = _init(ae, moto, url, "--label", "s3", "--storage-class", "STANDARD_IA",
                      "--sse", "AES256")  # fmt: skip
     folder = tmp_path / "vol"
-    folder_id = cli_json(ae.orbit("storage", "init", str(folder), "--json"))["id"]
-    again = ae.orbit(*moto.init_args(url), "--json")  # idempotent, as a folder's
+    folder_id = cli_json(ae.orbit("storage", "init", str(folder), "--create", "--json"))["id"]
+    options = ("--storage-class", "STANDARD_IA", "--sse", "AES256")  # the same ones (issue 27)
+    again = ae.orbit(*moto.init_args(url), *options, "--json")  # idempotent, as a folder's
     assert cli_json(again)["status"] == "existing"
     ns, queue = make_namespace(ae.engine, "s3-cycle")
     kinds = list(HISTORY_KINDS)

@@ -126,7 +126,7 @@ PLACES: dict[str, Callable[[Path], AbstractContextManager[Path]]] = {
         ("full", "vol", 1, ["no space"]),
         ("full", "", 1, ["no space"]),
         ("proc", "orbit-volume", 2, []),
-        ("proc", "", 2, []),
+        ("proc", "", 3, ["more than 1000 folders"]),  # storages cannot nest: checked first
         ("file", "sub/vol", 2, ["not a directory"]),
     ],
 )
@@ -136,7 +136,9 @@ def test_storage_init_on_unusable_paths_is_one_line_and_writes_nothing(
     with PLACES[where](tmp_path) as base:
         before = sorted(os.listdir(base)) if where in ("ro", "full") else None
         target = base / sub if sub else base
-        proc = run_orbit(["storage", "init", str(target), "--label", "x"], orbit_env(sqlite_url))
+        proc = run_orbit(
+            ["storage", "init", str(target), "--create", "--label", "x"], orbit_env(sqlite_url)
+        )
         named = base if where == "file" else target  # the regular file is what is wrong there
         assert_one_line_error(proc, code, str(named), *needles)
         if before is not None:
@@ -148,12 +150,14 @@ def test_storage_init_with_the_database_down_writes_nothing(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     vol = tmp_path / "deep" / "vol"
-    proc = run_orbit(["storage", "init", str(vol), "--label", "a"], orbit_env(DEAD_MYSQL))
+    proc = run_orbit(
+        ["storage", "init", str(vol), "--create", "--label", "a"], orbit_env(DEAD_MYSQL)
+    )
     assert_one_line_error(proc, 1, "database unavailable")
     assert not (tmp_path / "deep").exists()  # no identity file, no directory
     # so a rerun against the database that is up may choose another label
     again = run_orbit(
-        ["storage", "init", str(vol), "--label", "b", "--json"], orbit_env(sqlite_url)
+        ["storage", "init", str(vol), "--create", "--label", "b", "--json"], orbit_env(sqlite_url)
     )
     assert again.returncode == 0, again.stderr
     assert read_identity(vol).label == "b"
@@ -169,7 +173,7 @@ def test_crash_after_the_identity_file_before_commit_is_adopted_by_a_rerun(
     registered storage without its file; the next ``storage init PATH`` registers that identity."""
     vol = tmp_path / "vol"
     env = orbit_env(sqlite_url, ORBIT_FAILPOINTS="storage.init.before_commit=exit")
-    crashed = run_orbit(["storage", "init", str(vol), "--label", "a"], env)
+    crashed = run_orbit(["storage", "init", str(vol), "--create", "--label", "a"], env)
     assert crashed.returncode == 137, crashed.stderr
     ident = read_identity(vol)
     assert _storages(sqlite_url) == 0
@@ -190,7 +194,7 @@ def test_commit_lost_keeps_the_file_and_says_how_to_finish(tmp_path: Path) -> No
         marker = tmp_path / "stopped"
         env = orbit_env(url, ORBIT_FAILPOINTS=f"storage.init.before_commit=stop:{marker}")
         proc = subprocess.Popen(
-            [str(ORBIT), "storage", "init", str(vol)],
+            [str(ORBIT), "storage", "init", str(vol), "--create"],
             env=env,
             cwd=str(REPO),
             stdout=subprocess.PIPE,
@@ -238,7 +242,7 @@ def test_io_error_inside_the_identity_write_leaves_no_temp_file(
 ) -> None:
     vol = tmp_path / "new" / "vol"
     env = orbit_env(sqlite_url, ORBIT_FAILPOINTS=f"{point}=oserror:EIO")
-    proc = run_orbit(["storage", "init", str(vol)], env)
+    proc = run_orbit(["storage", "init", str(vol), "--create"], env)
     line = assert_one_line_error(proc, 1, str(vol), "EIO")
     assert _storages(sqlite_url) == 0
     if point == "volume.before_publish":  # nothing was published: nothing is left
@@ -275,7 +279,7 @@ def test_missing_tables_name_the_upgrade_to_run(
         line = assert_one_line_error(proc, 1, "`orbit db upgrade`", "orbit_")
         assert "sender db upgrade" not in line
     vol = tmp_path / "vol"
-    proc = run_orbit(["storage", "init", str(vol)], env)
+    proc = run_orbit(["storage", "init", str(vol), "--create"], env)
     assert_one_line_error(proc, 1, "orbit_archive_storages", "`orbit db upgrade`")
     assert not vol.exists()
     proc = run_orbit(["sender", "list"], env)

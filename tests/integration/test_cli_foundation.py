@@ -157,7 +157,7 @@ def test_storage_init_list_and_identity_rules(
     env: dict[str, str], db: Engine, tmp_path: Path
 ) -> None:
     vol = tmp_path / "vol1"
-    created = invoke_json(["storage", "init", str(vol), "--label", "disk-1 🚀"], env)
+    created = invoke_json(["storage", "init", str(vol), "--create", "--label", "disk-1 🚀"], env)
     assert created["status"] == "created" and created["label"] == "disk-1 🚀"
     ident = read_identity(vol)
     assert ident.storage_id.hex() == created["id"] and ident.label == "disk-1 🚀"

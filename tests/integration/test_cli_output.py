@@ -38,7 +38,7 @@ def world(tmp_path: Path) -> Iterator[CliScene]:
         ns = invoke_json(["namespace", "create", "acme"], env)["id"]
         invoke_json(["queue", "create", "acme", "emails"], env)
         invoke_json(["credential", "create", "acme"], env)
-        storage = invoke_json(["storage", "init", str(tmp_path / "vol")], env)["id"]
+        storage = invoke_json(["storage", "init", str(tmp_path / "vol"), "--create"], env)["id"]
         for kind in ("tasks", "events"):
             invoke_json(["dev", "seed-history", "acme", "--kind", kind, "--roots", "20"], env)
             rev = invoke_json(["policy", "set", "acme", kind, "--archive-after", "1h"], env)

@@ -279,7 +279,7 @@ def test_embedded_defaults_sqlite_and_filesystem_broker(tmp_path: Path) -> None:
 
     orbit("db", "upgrade")
     orbit("namespace", "create", "embedded")
-    sid = orbit("storage", "init", str(tmp_path / "vol"))
+    sid = orbit("storage", "init", str(tmp_path / "vol"), "--create")
     orbit("policy", "set", "embedded", "events", "--archive-after", "1h")
     plan = ["--storage", sid, "--interval", "1d", "--batch-size", "10", "--max-bytes", "8MiB"]
     orbit("plan", "set", "embedded", "events", *plan, "--policy-revision", "1", "--enable")

@@ -48,8 +48,10 @@ from typing import Any, TypeVar
 from orbit_tasks import failpoints
 from orbit_tasks.archive.engine.volume import (
     IDENTITY_FILE,
+    NEST_SCAN_LIMIT,
     ArchiveIOError,
     FileConflict,
+    NestScanTooLarge,
     StoredFile,
     VolumeIdentity,
     check_chain_name,
@@ -562,8 +564,56 @@ class S3Storage:
             return False
         return True
 
+    def identity_below(self, *, limit: int = NEST_SCAN_LIMIT) -> str | None:
+        """The first prefix strictly below this storage's that holds an identity object,
+        breadth first (``ListObjectsV2`` with the delimiter ``/``, level by level), or None;
+        more than ``limit`` prefixes: :class:`NestScanTooLarge`. Like ``identity_below`` of a
+        folder, before a new identity is written here (nesting, issue 27)."""
+        loc = self.location
+        queue = [_listing_prefix(loc)]  # "PREFIX/" or the bucket's root
+        seen = 0
+        while queue:
+            level = queue.pop(0)
+            keys, subs = self._level(level)
+            if level != _listing_prefix(loc) and level + IDENTITY_FILE in keys:
+                return level.rstrip("/")
+            for sub in subs:
+                seen += 1
+                if seen > limit:
+                    raise NestScanTooLarge(
+                        f"{self.where} holds more than {limit} prefixes; a new archive storage "
+                        "must not contain another and is checked prefix by prefix: choose an "
+                        "empty prefix"
+                    )
+                queue.append(sub)
+        return None
+
+    def _level(self, level: str) -> tuple[set[str], list[str]]:
+        """The keys and the sub-prefixes (each ending in ``/``) directly under ``level``."""
+        args: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": level, "Delimiter": "/"}
+        keys: set[str] = set()
+        subs: list[str] = []
+        what = self.location.url_of(level.rstrip("/")) if level else self.where
+
+        def page(client: Any) -> dict[str, Any]:
+            return dict(client.list_objects_v2(**args))
+
+        while True:
+            resp = self._client.call("ListObjectsV2", what, page)
+            keys.update(o["Key"] for o in resp.get("Contents", []))
+            subs += [p["Prefix"] for p in resp.get("CommonPrefixes", [])]
+            token = resp.get("NextContinuationToken")
+            if not resp.get("IsTruncated") or not token:
+                return keys, sorted(subs)
+            args["ContinuationToken"] = token
+
     def job(self, namespace_id: bytes, job_id: bytes) -> S3Job:
         return S3Job(self._client, self.location.job_prefix(namespace_id, job_id))
+
+
+def _listing_prefix(loc: S3Location) -> str:
+    """The listing prefix of a location itself: ``PREFIX/``, or "" for the bucket's root."""
+    return loc.key("") if loc.prefix else ""
 
 
 def checksum_matches(expected_b64: str, data: bytes) -> bool:

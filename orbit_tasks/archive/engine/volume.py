@@ -64,7 +64,9 @@ def read_identity(path: Path | str) -> VolumeIdentity:
     try:
         data = ident.read_bytes()
     except FileNotFoundError:
-        raise InvalidInput(f"{root} is not an archive volume (no {IDENTITY_FILE})") from None
+        raise InvalidInput(
+            f"{root} is not an archive volume (no {IDENTITY_FILE}): is the volume mounted there?"
+        ) from None
     except OSError as exc:
         raise InvalidInput(f"{ident} is unreadable: {type(exc).__name__}") from None
     return parse_identity(data, str(ident), root.resolve())
@@ -80,6 +82,46 @@ def parse_identity(data: bytes, where: str, root: PurePath) -> VolumeIdentity:
         raise InvalidInput(f"{where} is not of format {VOLUME_FORMAT!r}")
     storage_id = from_hex(str(doc.get("storage_id", "")), "storage_id")
     return VolumeIdentity(root, storage_id, str(doc.get("label", "")))
+
+
+#: How many folders (or S3 prefixes) ``storage init`` looks through for storages that a new
+#: storage would contain (docs/decisions.md, issue 27): a new storage is an empty folder or
+#: prefix, or nearly; past this many it is refused rather than half checked.
+NEST_SCAN_LIMIT = 1000
+
+
+class NestScanTooLarge(ConflictError):
+    """A new storage's place holds more folders or prefixes than :data:`NEST_SCAN_LIMIT`."""
+
+
+def identity_below(root: Path, *, limit: int = NEST_SCAN_LIMIT) -> Path | None:
+    """The first folder strictly below ``root`` that holds an identity file, breadth first (a
+    mounted volume usually sits one or two levels down), or None. Symbolic links are not
+    followed; a folder this user cannot list is skipped (``lost+found`` of a fresh file system).
+    More than ``limit`` folders: :class:`NestScanTooLarge`."""
+    queue = [root]
+    seen = 0
+    while queue:
+        current = queue.pop(0)
+        try:
+            with os.scandir(current) as entries:
+                subdirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for sub in sorted(subdirs):
+            seen += 1
+            if seen > limit:
+                raise NestScanTooLarge(
+                    f"{root} holds more than {limit} folders; a new archive volume must not "
+                    "contain another and is checked folder by folder: choose an empty folder"
+                )
+            try:
+                (sub / IDENTITY_FILE).lstat()
+            except OSError:  # none there, or not ours to see (skipped as unlistable)
+                queue.append(sub)
+                continue
+            return sub
+    return None
 
 
 def identity_document(storage_id: bytes, label: str) -> bytes:
