@@ -23,7 +23,15 @@ from orbit_tasks.platform.store import get_namespace, resolve_namespace, storage
 from orbit_tasks.settings import get_settings
 
 
-@click.group("archive", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:archive_restore"})
+@click.group(
+    "archive",
+    cls=LazyGroup,
+    lazy={
+        "restore": "orbit_tasks.cli.restore:archive_restore",
+        "find": "orbit_tasks.cli.find:archive_find",
+        "index": "orbit_tasks.cli.find:archive_index",
+    },
+)
 def archive_group() -> None:
     """History archive."""
 

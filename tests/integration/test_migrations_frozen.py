@@ -29,6 +29,7 @@ from orbit_tasks.db.migrations.platform import (
     p0004_tables,
     p0005_tables,
     p0006_tables,
+    p0009_tables,
 )
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
@@ -62,6 +63,7 @@ FROZEN = {
         p0003_tables.metadata,
         p0005_tables.metadata,
         p0006_tables.metadata,
+        p0009_tables.metadata,
     ),
     # then the tables a later revision replaced, as that revision leaves them
     "platform+": (p0004_tables.metadata,),
@@ -135,7 +137,20 @@ def test_p0006_creates_only_new_tables() -> None:
     assert not set(p0006_tables.metadata.tables) & earlier
     assert list(p0006_tables.metadata.tables) == ["orbit_archive_job_ends"]
     assert script_directory("platform").get_revision("p0006").down_revision == "p0005"
-    assert head_revision("platform") == "p0006"
+
+
+def test_p0009_creates_only_new_tables() -> None:
+    """p0009 (issue 28 item 1) adds the id indexes of jobs; it never recreates an earlier
+    table."""
+    earlier = set().union(
+        *(m.tables for m in (p0001_tables.metadata, p0002_tables.metadata,
+                             p0003_tables.metadata, p0005_tables.metadata,
+                             p0006_tables.metadata))
+    )  # fmt: skip
+    assert not set(p0009_tables.metadata.tables) & earlier
+    assert list(p0009_tables.metadata.tables) == ["orbit_archive_job_indexes"]
+    assert script_directory("platform").get_revision("p0009").down_revision == "p0006"
+    assert head_revision("platform") == "p0009"
 
 
 def _alone(table: Table) -> MetaData:

@@ -209,11 +209,11 @@ def test_an_empty_version_table_left_by_older_releases_is_adopted() -> None:
                 )
             )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0006", 2)
+        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0009", 2)
         with engine.connect() as conn:
             versions = conn.execute(text("SELECT version_num FROM orbit_alembic_version")).all()
         engine.dispose()
-        assert [v[0] for v in versions] == ["p0006"]
+        assert [v[0] for v in versions] == ["p0009"]
 
 
 @pytest.mark.mariadb
@@ -224,7 +224,7 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         assert json.loads(current.stdout) == {
             "at_head": False,
             "database": "platform",
-            "head": "p0006",
+            "head": "p0009",
             "revision": None,
         }
         fresh = invoke_orbit(["db", "check"], env)
@@ -232,10 +232,10 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         missing = "missing tables: orbit_archive_control_generation, orbit_archive_controls"
         assert missing in fresh.stdout
         assert invoke_orbit(["db", "upgrade"], env).stdout.strip() == (
-            "platform database: created 25 tables; revision p0006 recorded"
+            "platform database: created 26 tables; revision p0009 recorded"
         )
         assert invoke_orbit(["db", "current"], env).stdout.strip() == (
-            "platform database: revision p0006 (head)"
+            "platform database: revision p0009 (head)"
         )
         ok = invoke_orbit(["db", "check", "--json"], env)
         assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True
@@ -283,17 +283,18 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         env = orbit_env(url, url)
         stale = invoke_orbit(["db", "check"], env)
         assert stale.exit_code == 1
-        assert "revision p0001 is recorded, head is p0006; run `orbit db upgrade`" in stale.stdout
+        assert "revision p0001 is recorded, head is p0009; run `orbit db upgrade`" in stale.stdout
         done = run_orbit(["db", "upgrade", "--json"], env)
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
-        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0006", [])
+        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0009", [])
         assert sorted(result["created"]) == [
             "orbit_archive_control_generation",
             "orbit_archive_controls",
             "orbit_archive_heartbeat",
             "orbit_archive_job_checks",
             "orbit_archive_job_ends",
+            "orbit_archive_job_indexes",
             "orbit_archive_job_waits",
             "orbit_archive_object_storages",
             "orbit_archive_throttle_buckets",
@@ -301,7 +302,7 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         human = invoke_orbit(["db", "upgrade"], env)
         assert (
             human.stdout.strip()
-            == "platform database: already current (revision p0006); nothing changed"
+            == "platform database: already current (revision p0009); nothing changed"
         )
         after = mariadb_snapshot(url)
         for table, snap in before.items():
@@ -535,7 +536,7 @@ def test_platform_tables_made_at_the_head_are_adopted_once_and_p0004_runs(tmp_pa
     try:
         platform_metadata.create_all(engine)
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision) == ("adopted", "p0006")
+        assert (result.action, result.revision) == ("adopted", "p0009")
         assert sorted(result.adopted) == sorted(set(result.adopted))
         assert "orbit_archive_job_waits" in result.adopted
         with engine.begin() as conn:
@@ -565,7 +566,7 @@ def test_platform_tables_made_as_p0003_left_them_adopt_p0003_and_the_later_ones_
             ],
         )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision) == ("adopted", "p0006")
+        assert (result.action, result.revision) == ("adopted", "p0009")
         assert "orbit_archive_job_waits" in result.adopted
         assert {"orbit_archive_job_checks", "orbit_archive_job_ends"} <= set(result.created)
         assert "orbit_archive_job_waits" not in result.created
