@@ -23,6 +23,7 @@ from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.common import emit, json_option
 from orbit_tasks.cli.places import open_place
+from orbit_tasks.db.engine import single_statements
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import ConflictError, InvalidInput, NotFound
 from orbit_tasks.ids import from_hex
@@ -45,7 +46,10 @@ def _storages(volumes: Sequence[str]) -> dict[bytes, Storage]:
     """storage id -> storage: each ``--volume`` by its identity, else ORBIT_ARCHIVE_VOLUMES."""
     out: dict[bytes, Storage] = {}
     if volumes:
-        with platform_engine().connect() as conn:
+        # autocommit: no transaction stays open while a storage's identity is read (a session
+        # idle inside one is closed by the server after the idle bound, docs/operations.md)
+        with platform_engine().connect() as pooled:
+            conn = single_statements(pooled)
             for given in volumes:
                 opened = open_place(conn, given)
                 out.setdefault(opened.identity.storage_id, opened.storage)
