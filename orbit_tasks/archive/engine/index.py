@@ -282,7 +282,10 @@ def find_in_job(
     except FormatError as exc:
         raise ArchiveDamaged(batch, jf.where, exc.args[0]) from None
     header = decoded.header
-    span = top.spans[entry.seq - 1]
+    try:
+        span = top.span(entry.seq)
+    except fmt.IndexInvalid as exc:
+        raise ArchiveDamaged(top.name, files.where, exc.args[0].split(": ", 1)[-1]) from None
     checks = [
         (header["job_id"] == job.id.hex(), "its job_id is not the job's"),
         (header["seq"] == entry.seq, "its header seq differs from its name"),

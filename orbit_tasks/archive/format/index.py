@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from orbit_tasks.archive.format.names import HEX64, parse_name, tail_name
 from orbit_tasks.archive.format.values import (
     HEX32,
@@ -90,7 +92,9 @@ class Entry:
 
 @dataclass(frozen=True)
 class Top:
-    """A parsed, checked top: ``files[0]`` is the manifest's name, ``files[seq]`` batch seq's."""
+    """A parsed top: ``files[0]`` is the manifest, ``files[seq]`` batch seq. A file's entry is
+    checked when it is used (:meth:`span`): the top is authentic by its hash, and a lookup
+    uses two of its files, not the thousands a large job lists."""
 
     name: str
     namespace_id: str
@@ -100,18 +104,35 @@ class Top:
     batches: int
     roots: int
     last_sha256: str
-    manifest: str
-    spans: tuple[BatchSpan, ...]
+    files: tuple[Any, ...]
     shards: dict[int, tuple[str, int]]  # shard -> (name, entries)
 
     def file_name(self, seq: int) -> str:
-        return self.manifest if seq == 0 else self.spans[seq - 1].name
+        f = self.files[seq]
+        name = f.get("name") if isinstance(f, dict) else None
+        parsed = parse_name(name) if isinstance(name, str) else None
+        if parsed is None or parsed.seq != seq or parsed.is_manifest != (seq == 0):
+            raise IndexInvalid(f"{self.name}: index file name bad at {seq}")
+        return str(name)
 
     def link(self, seq: int) -> str:
         """The chain link (SHA-256) of file ``seq``."""
         parsed = parse_name(self.file_name(seq))
         assert parsed is not None
         return parsed.sha256
+
+    def span(self, seq: int) -> BatchSpan:
+        """Batch ``seq`` (1..batches) as the top lists it, checked."""
+        name, f = self.file_name(seq), self.files[seq]
+        try:
+            need(set(f) == {"name", "roots", "first", "last"}, "index file keys differ")
+            need(is_int(f["roots"], 1), "index file roots bad")
+            for end in (f["first"], f["last"]):
+                need(isinstance(end, list) and len(end) == 2 and is_ts(end[0]), "index key bad")
+                need(isinstance(end[1], str) and bool(HEX32.match(end[1])), "index key bad")
+        except FormatError as exc:
+            raise IndexInvalid(f"{self.name}: {exc.args[0]} at {seq}") from None
+        return BatchSpan(name, f["roots"], tuple(f["first"]), tuple(f["last"]))
 
 
 def build_shard(job_id: bytes, shard: int, records: Sequence[bytes]) -> tuple[str, bytes]:
@@ -169,37 +190,27 @@ def build_top(
 
 
 def parse_top(data: bytes, want_sha: str) -> Top:
-    """Check and parse a top: it must hash to ``want_sha`` (the database's value), be canonical
-    and list a chain that links by name (seq 0..batches, the last one ``last_sha256``)."""
+    """Check and parse a top: it must hash to ``want_sha`` (the database's value), list
+    ``batches + 1`` files, the last one named by ``last_sha256``, and its shards. (Canonical
+    spelling and every file entry were checked by the builder; an entry is checked again
+    when a lookup uses it.)"""
     name = top_name(want_sha)
     if sha256_hex(data) != want_sha:
         raise IndexInvalid(f"{name}: contents do not hash to the sha256 recorded for the job")
     try:
-        doc = loads_canonical(data, "index")
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise FormatError("index is not JSON") from None
         need(isinstance(doc, dict) and set(doc) == TOP_KEYS, "index keys differ")
         need(doc["format"] == INDEX_FORMAT, "index format is not orbit-index/1")
         for key in ("namespace_id", "job_id", "storage_id"):
             need(isinstance(doc[key], str) and bool(HEX32.match(doc[key])), f"index {key} bad")
         need(isinstance(doc["kind"], str), "index kind bad")
         need(is_int(doc["batches"]) and is_int(doc["roots"]), "index counts bad")
+        need(isinstance(doc["last_sha256"], str), "index last_sha256 bad")
         files = doc["files"]
         need(isinstance(files, list) and len(files) == doc["batches"] + 1, "index files bad")
-        manifest = files[0].get("name") if isinstance(files[0], dict) else None
-        parsed = parse_name(manifest) if isinstance(manifest, str) else None
-        need(parsed is not None and parsed.seq == 0, "index manifest name bad")
-        spans = []
-        for seq, f in enumerate(files[1:], start=1):
-            need(isinstance(f, dict) and set(f) == {"name", "roots", "first", "last"}, "file bad")
-            p = parse_name(f["name"]) if isinstance(f["name"], str) else None
-            need(p is not None and p.seq == seq and not p.is_manifest, "index file name bad")
-            need(is_int(f["roots"], 1), "index file roots bad")
-            for end in (f["first"], f["last"]):
-                need(isinstance(end, list) and len(end) == 2 and is_ts(end[0]), "index key bad")
-                need(isinstance(end[1], str) and bool(HEX32.match(end[1])), "index key bad")
-            spans.append(BatchSpan(f["name"], f["roots"], tuple(f["first"]), tuple(f["last"])))
-        need(sum(s.roots for s in spans) == doc["roots"], "index roots differ from its files")
-        last = spans[-1].sha256 if spans else parsed.sha256  # type: ignore[union-attr]
-        need(doc["last_sha256"] == last, "index last_sha256 is not its last file")
         shards: dict[int, tuple[str, int]] = {}
         need(isinstance(doc["shards"], list), "index shards bad")
         for s in doc["shards"]:
@@ -211,7 +222,7 @@ def parse_top(data: bytes, want_sha: str) -> Top:
         need(sum(n for _, n in shards.values()) == doc["roots"], "index shards miss roots")
     except FormatError as exc:
         raise IndexInvalid(f"{name}: {exc.args[0]}") from None
-    return Top(
+    top = Top(
         name=name,
         namespace_id=doc["namespace_id"],
         job_id=doc["job_id"],
@@ -220,10 +231,12 @@ def parse_top(data: bytes, want_sha: str) -> Top:
         batches=doc["batches"],
         roots=doc["roots"],
         last_sha256=doc["last_sha256"],
-        manifest=str(manifest),
-        spans=tuple(spans),
+        files=tuple(files),
         shards=shards,
     )
+    if top.link(top.batches) != top.last_sha256:
+        raise IndexInvalid(f"{name}: index last_sha256 is not its last file")
+    return top
 
 
 def find_in_shard(
