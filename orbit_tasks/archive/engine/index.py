@@ -40,7 +40,7 @@ from orbit_tasks.archive.engine.volume import ArchiveIOError, StoredFile
 from orbit_tasks.archive.format import index as fmt
 from orbit_tasks.archive.format.batch import decode_batch
 from orbit_tasks.archive.format.chain import verify_chain
-from orbit_tasks.archive.format.expectation import ChainExpectation
+from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.gzip_member import GzipRefused, gunzip_member
 from orbit_tasks.archive.format.names import TMP_PREFIX, parse_name
 from orbit_tasks.archive.format.values import FormatError, sha256_hex
@@ -157,8 +157,8 @@ def build_index(engine: Engine, storage: Storage, job: Job) -> Built:
 
     def capture(name: str, data: bytes) -> None:
         parsed = parse_name(name)
-        if parsed is None or parsed.is_manifest:
-            return
+        if parsed is None or parsed.is_manifest or sha256_hex(data) != parsed.sha256:
+            return  # not a batch, or a damaged one: the verifier names it
         try:
             payload = gunzip_member(data)
         except GzipRefused:
@@ -169,8 +169,21 @@ def build_index(engine: Engine, storage: Storage, job: Job) -> Built:
             name, int(header["roots"]), tuple(header["first"]), tuple(header["last"])
         )
         for n, line in enumerate(lines[1:-1], start=1):
-            rid = bytes.fromhex(orjson.loads(line)["root"]["id"])
+            try:
+                root = orjson.loads(line)["root"]
+                rid = bytes.fromhex(root["id"])
+                ok = len(rid) == 16 and root["namespace_id"] == job.namespace_id.hex()
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ChainInvalid(bad_line(name, n))
             shards.setdefault(rid[0], []).append(fmt.ENTRY.pack(rid, parsed.seq, n))
+
+    def bad_line(name: str, n: int) -> VerifyReport:
+        return VerifyReport(
+            ok=False, first_bad_file=name, reason=f"root line {n} has no root id of the job",
+            batches=0, roots=0, bytes=0, last_sha256="", final=False,
+        )  # fmt: skip
 
     def loader(name: str) -> Callable[[], bytes]:
         def load() -> bytes:
@@ -184,7 +197,10 @@ def build_index(engine: Engine, storage: Storage, job: Job) -> Built:
         return load
 
     names = [n for n in jf.names() if not n.startswith(TMP_PREFIX)]
-    report = verify_chain([(n, loader(n)) for n in names], expect=expectation_of(engine, job))
+    # The checks of the runner's final step: every byte by its SHA-256 and the gzip CRC, the
+    # links, both ends of each batch; every root line is parsed here for its id anyway.
+    files_ = [(n, loader(n)) for n in names]
+    report = verify_chain(files_, expect=expectation_of(engine, job), lines="ends")
     if not report.ok:
         raise ChainInvalid(report)
     files = index_files(storage, job.namespace_id, job.id)
