@@ -279,13 +279,24 @@ def test_the_tick_wakes_a_worker_that_builds_the_index(
 
 
 def test_find_without_an_id_and_unknown_storage(fae: ArchiveEnv) -> None:
-    """No ID (the window listing is another option set): exit 2; a job on a storage no
-    --volume gives: exit 2 naming the storage; nothing written."""
+    """A chain that does not verify is not indexed (exit 1 naming the file); no ID (the window
+    listing is another option set): exit 2; a job on a storage no --volume gives: exit 2
+    naming the storage; nothing written."""
     ae = fae
     vol, other = ae.tmp / "vol", ae.tmp / "other"
     sid = make_volume(ae.engine, vol)
     make_volume(ae.engine, other)
     job = _job(ae, "find-args", sid, vol, roots=8)
+    # a chain that does not verify is not indexed: the file named, nothing recorded
+    (path,) = (vol / job.namespace_id.hex() / job.id.hex()).glob("00000001-*")
+    good = path.read_bytes()
+    path.write_bytes(good[:20] + bytes([good[20] ^ 1]) + good[21:])
+    refused = ae.orbit("archive", "index", job.namespace_id.hex(), "--volume", str(vol),
+                       check=False)  # fmt: skip
+    assert_one_line_error(refused, 1, path.name)
+    assert _index_rows(ae) == 0
+    assert not (vol / job.namespace_id.hex() / f"{job.id.hex()}.index").exists()
+    path.write_bytes(good)
     ae.orbit("archive", "index", job.namespace_id.hex(), "--volume", str(vol))
     out = ae.orbit("archive", "find", job.namespace_id.hex(), "tasks", check=False)
     assert_one_line_error(out, 2, "ID")
