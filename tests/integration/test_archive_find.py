@@ -298,6 +298,17 @@ def test_find_without_an_id_and_unknown_storage(fae: ArchiveEnv) -> None:
     assert not (vol / job.namespace_id.hex() / f"{job.id.hex()}.index").exists()
     path.write_bytes(good)
     ae.orbit("archive", "index", job.namespace_id.hex(), "--volume", str(vol))
+    # an index file lost: find names it; `archive index` writes it again, the same bytes
+    (top,) = (vol / job.namespace_id.hex() / f"{job.id.hex()}.index").glob("index-*.json")
+    kept = top.read_bytes()
+    top.unlink()
+    rid = json.loads(_lines(FolderStorage(vol).job(job.namespace_id, job.id))[1][1][0])["root"][
+        "id"
+    ]
+    assert_one_line_error(_find(ae, job, rid, str(vol)), 1, top.name, "missing")
+    again = ae.orbit("archive", "index", job.namespace_id.hex(), job.id.hex(), "--volume", str(vol))
+    assert again.stdout.startswith("indexed: job") and top.read_bytes() == kept
+    assert _find(ae, job, rid, str(vol)).returncode == 0
     out = ae.orbit("archive", "find", job.namespace_id.hex(), "tasks", check=False)
     assert_one_line_error(out, 2, "ID")
     wrong = _find(ae, job, random_id().hex(), str(other))

@@ -126,7 +126,7 @@ class Reads:
 class Built:
     job_id: bytes
     row: IndexRow
-    written: bool  # False: the index was recorded already (by another builder, or before)
+    written: bool  # False: the index was recorded and its files intact already
 
 
 def expectation_of(engine: Engine, job: Job) -> ChainExpectation:
@@ -139,9 +139,25 @@ def expectation_of(engine: Engine, job: Job) -> ChainExpectation:
             return expect
 
 
+def _intact(storage: Storage, job: Job, index: IndexRow) -> bool:
+    """Are the recorded index's files all there with their bytes (the top by the database's
+    hash, each shard by its name)? If not, the build writes the missing ones again (the same
+    bytes: the index is deterministic)."""
+    files = index_files(storage, job.namespace_id, job.id)
+    try:
+        top = fmt.parse_top(files.read(fmt.top_name(index.index_sha256)), index.index_sha256)
+        for name, _entries in top.shards.values():
+            if sha256_hex(files.read(name)) != name[-68:-4]:
+                return False
+    except (FileNotFoundError, ArchiveIOError, FormatError):
+        return False
+    return True
+
+
 def build_index(engine: Engine, storage: Storage, job: Job) -> Built:
     """Verify the job's whole chain while reading it once, then write and record its index.
-    A job already indexed is left as it is. Refused: a job that is not SUCCEEDED (exit 3), a
+    A job already indexed is left as it is when its index files are intact; missing ones are
+    written again. Refused: a job that is not SUCCEEDED (exit 3), a
     chain that does not verify (:class:`ChainInvalid`, exit 1 naming the file)."""
     if job.state is not JobState.SUCCEEDED:
         raise IllegalState(
@@ -149,7 +165,7 @@ def build_index(engine: Engine, storage: Storage, job: Job) -> Built:
         )
     with engine.connect() as conn:
         existing = index_store.get_index(conn, job.namespace_id, job.id)
-    if existing is not None:
+    if existing is not None and _intact(storage, job, existing):
         return Built(job.id, existing, False)
     jf = storage.job(job.namespace_id, job.id)
     shards: dict[int, list[bytes]] = {}
@@ -224,7 +240,7 @@ def build_index(engine: Engine, storage: Storage, job: Job) -> Built:
         log, "archive.index.built", namespace_id=job.namespace_id, job_id=job.id,
         index_sha256=row.index_sha256, roots=row.roots, shards=row.shards, recorded=recorded,
     )  # fmt: skip
-    return Built(job.id, row, recorded)
+    return Built(job.id, row, True)
 
 
 # --------------------------------------------------------------------------- lookup
