@@ -139,7 +139,7 @@ def _found_text(doc: dict[str, Any]) -> str:
 @click.command("find")
 @click.argument("ns")
 @click.argument("kind")
-@click.argument("root_id", metavar="ID", required=False)
+@click.argument("root_id", metavar="[ID]", required=False)
 @volume_option
 @json_option
 def archive_find(
