@@ -69,6 +69,30 @@ def run_job(namespace_hex: str, job_hex: str) -> str:
         claim_marks.clear()
 
 
+@app.task(name="orbit.archive.index_job", acks_late=True, ignore_result=True)
+def index_job(namespace_hex: str, job_hex: str) -> str:
+    """Build the id index of a SUCCEEDED job (issue 28 item 1), woken by the tick; a job
+    indexed already, or not on this worker's storages, is left alone."""
+    # Imported here: the index engine and SQLAlchemy, as for the runner above.
+    from orbit_tasks.archive.engine import index, runner
+    from orbit_tasks.archive.engine.storage import open_storage
+    from orbit_tasks.archive.store import jobs as job_store
+    from orbit_tasks.db.registry import platform_engine
+
+    volumes = runner.parse_volumes(os.environ.get(VOLUMES_ENV))
+    engine = platform_engine()
+    with engine.connect() as conn:
+        job = job_store.get_job(conn, bytes.fromhex(namespace_hex), bytes.fromhex(job_hex))
+    if job is None or job.storage_id.hex() not in volumes:
+        return "skipped"
+    try:
+        built = index.build_index(engine, open_storage(volumes[job.storage_id.hex()]), job)
+    except index.ChainInvalid as exc:  # `orbit job verify` names the file; nothing written
+        log_action(log, "archive.index.refused", logging.WARNING, job_id=job_hex, error=str(exc))
+        return "refused"
+    return "built" if built.written else "indexed"
+
+
 @task_failure.connect(sender=run_job)
 def _child_lost(exception: BaseException | None = None, args: Any = None, **_: Any) -> None:
     """In the worker's main process: the pool child that ran this delivery died (SIGKILL, OOM).

@@ -30,8 +30,9 @@ from orbit_tasks.archive import plans as plan_rules
 from orbit_tasks.archive.controls import Scope
 from orbit_tasks.archive.plans import TickAction
 from orbit_tasks.archive.store import controls as control_store
+from orbit_tasks.archive.store import indexes as index_store
 from orbit_tasks.archive.store import plans as plan_store
-from orbit_tasks.archive.wakeups import Publisher, publish_wakeup
+from orbit_tasks.archive.wakeups import Publisher, publish_index_wakeup, publish_wakeup
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import TransientError
@@ -45,6 +46,7 @@ from orbit_tasks.timestamps import format_optional
 log = logging.getLogger("orbit.archive.tick")
 
 
+INDEX_WAKEUPS_PER_STORAGE = 4  # issue 28: SUCCEEDED jobs without an id index woken per tick
 DUE_PAGE = 256  # a power of two: full pages use the compare-and-set UPDATE without padding
 PAGE_ATTEMPTS = 3  # conflicting page transactions before the page's plans go one by one
 
@@ -59,6 +61,7 @@ class TickReport:
     lost: int = 0  # compare-and-set lost: another tick or an operator changed the plan first
     wakeups_published: int = 0
     paused_storages: int = 0  # storages paused as a whole: no wake-ups published for them
+    index_wakeups_published: int = 0  # issue 28: SUCCEEDED jobs woken to build their id index
     now: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,9 +81,15 @@ def run_tick(
     publish: Publisher = publish_wakeup,
     *,
     clock: Clock = DB_CLOCK,
+    publish_index: Publisher | None = None,
 ) -> TickReport:
     """One tick. Transient database or broker faults are logged and raised as TransientError
-    (nothing is half-done: committed jobs are found again by the next tick's sweep)."""
+    (nothing is half-done: committed jobs are found again by the next tick's sweep).
+
+    ``publish_index`` wakes the id indexing of SUCCEEDED jobs (issue 28); by default it is the
+    deployment's when ``publish`` is, and none when a caller passes its own ``publish`` only."""
+    if publish_index is None and publish is publish_wakeup:
+        publish_index = publish_index_wakeup
     report = TickReport()
     stage = "plans"
     try:
@@ -98,6 +107,8 @@ def run_tick(
         stage = "sweep"
         budget = settings.archive_wakeups_per_tick
         _sweep_and_publish(engine, storages, paused, closed, budget, publish, clock, report)
+        if publish_index is not None:
+            _wake_indexing(engine, storages, paused + closed, publish_index, report)
     except TransientError:
         raise
     except Exception as exc:
@@ -355,3 +366,28 @@ def _sweep_and_publish(
                 job_id=job.job_id,
                 kind=job.kind,
             )
+
+
+def _wake_indexing(
+    engine: Engine,
+    storages: list[bytes],
+    held: list[Scope],
+    publish: Publisher,
+    report: TickReport,
+) -> None:
+    """Issue 28: wake the id indexing of at most ``INDEX_WAKEUPS_PER_STORAGE`` SUCCEEDED jobs
+    without an index per storage, oldest first, on the storage's queue (a node that serves it
+    builds it). Jobs of paused scopes and of closed windows are left for a later tick."""
+    for storage_id in storages:
+        where = control_store.not_paused(storage_id, held)
+        if where is None:
+            continue
+        with engine.connect() as conn:
+            found = index_store.unindexed_jobs(conn, storage_id, INDEX_WAKEUPS_PER_STORAGE, where)
+        for ns_id, job_id, kind in found:
+            publish(storage_id, ns_id, job_id, kind=kind)
+            report.index_wakeups_published += 1
+            log_action(
+                log, "archive.index.wakeup", storage_id=storage_id, namespace_id=ns_id,
+                job_id=job_id, kind=kind,
+            )  # fmt: skip

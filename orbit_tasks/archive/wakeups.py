@@ -14,6 +14,7 @@ from orbit_tasks.queues import CONTROL_QUEUE, queue_name
 
 RUN_JOB_TASK = "orbit.archive.run_job"
 TICK_TASK = "orbit.archive.tick"
+INDEX_JOB_TASK = "orbit.archive.index_job"  # issue 28: build a SUCCEEDED job's id index
 
 
 class Publisher(Protocol):
@@ -48,6 +49,31 @@ def make_publisher(app: Any) -> Publisher:
         )
 
     return publish
+
+
+def make_index_publisher(app: Any) -> Publisher:
+    """Like :func:`make_publisher`, for ``orbit.archive.index_job`` (issue 28 item 1): the
+    index of a SUCCEEDED job is built on a node that serves its storage."""
+
+    def publish(storage_id: bytes, namespace_id: bytes, job_id: bytes, *, kind: str = "") -> None:
+        app.send_task(
+            INDEX_JOB_TASK,
+            args=[namespace_id.hex(), job_id.hex()],
+            queue=queue_name(storage_id),
+            argsrepr=wakeup_label(storage_id, namespace_id, job_id, kind),
+        )
+
+    return publish
+
+
+def publish_index_wakeup(
+    storage_id: bytes, namespace_id: bytes, job_id: bytes, *, kind: str = ""
+) -> None:
+    """Send one ``orbit.archive.index_job`` through the deployment's broker."""
+    # Imported here: the Celery app (~0.12 s) only when a wake-up is really sent.
+    from orbit_tasks.celery_app import app
+
+    make_index_publisher(app)(storage_id, namespace_id, job_id, kind=kind)
 
 
 def publish_wakeup(

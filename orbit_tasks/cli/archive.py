@@ -38,6 +38,8 @@ from orbit_tasks.settings import get_settings
         "restore": "orbit_tasks.cli.restore:archive_restore",
         "export": "orbit_tasks.cli.export:archive_export",
         "roots": "orbit_tasks.cli.export:archive_roots",
+        "find": "orbit_tasks.cli.find:archive_find",
+        "index": "orbit_tasks.cli.find:archive_index",
     },
 )
 def archive_group() -> None:

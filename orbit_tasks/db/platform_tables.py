@@ -465,6 +465,23 @@ retirements = Table(
     **MYSQL_TABLE,
 )
 
+# Revision p0009 (issue 28 item 1): the id index of a SUCCEEDED job, vouched for by its hash.
+job_indexes = Table(
+    "orbit_archive_job_indexes",
+    metadata,
+    Column("namespace_id", Id16(), nullable=False),
+    Column("job_id", Id16(), nullable=False, comment="the SUCCEEDED job of orbit_archive_jobs"),
+    Column("index_sha256", Hex64(), nullable=False, comment="SHA-256 of index-<sha256>.json"),
+    Column("last_sha256", Hex64(), nullable=False, comment="the chain's tail it indexes"),
+    Column("batches", UInt(), nullable=False, comment="batch files it lists"),
+    Column("roots", UBigInt(), nullable=False, comment="root ids it holds"),
+    Column("shards", UInt(), nullable=False, comment="shard files it lists"),
+    Column("built_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("namespace_id", "job_id"),
+    comment="id indexes of SUCCEEDED archive jobs (orbit archive find), written once",
+    **MYSQL_TABLE,
+)
+
 # Revision p0012 (issue 30 item 3): the beat leader. Several `orbit beat` processes may run; the
 # one holding this lease publishes the ticks (docs/operations.md "Several beats").
 beat_leaders = Table(

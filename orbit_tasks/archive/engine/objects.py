@@ -413,6 +413,18 @@ class S3Job:
         return True
 
 
+class S3NamedFiles(S3Job):
+    """Files under a prefix whose content-addressed names their caller checks (the id index of
+    a job beside its prefix, issue 28): stored by the same conditional, checksummed PUT, but
+    not restricted to chain names."""
+
+    def store(self, name: str, data: bytes) -> StoredFile:
+        key = self._key(name)
+        if not put_if_absent(self._client, key, name, data) and self.read(name) != data:
+            raise FileConflict(f"{name} exists with other contents; left untouched")
+        return StoredFile(PurePosixPath(key), True, None, data)
+
+
 def put_if_absent(client: _Client, key: str, what: str, data: bytes) -> bool:
     """One conditional, checksummed PUT (retried), known stored before it returns: True when
     this call created the key, False when the first attempt found it there (412). A 412 after
@@ -609,6 +621,10 @@ class S3Storage:
 
     def job(self, namespace_id: bytes, job_id: bytes) -> S3Job:
         return S3Job(self._client, self.location.job_prefix(namespace_id, job_id))
+
+    def named_files(self, relative: str) -> S3NamedFiles:
+        """The files under ``PREFIX/<relative>/`` (issue 28: ``<ns_hex>/<job_hex>.index``)."""
+        return S3NamedFiles(self._client, self.location.key(relative.strip("/") + "/"))
 
 
 def _listing_prefix(loc: S3Location) -> str:

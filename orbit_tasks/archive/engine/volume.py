@@ -325,6 +325,24 @@ def store_job_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
     return stored
 
 
+def store_named_file(dirpath: Path, name: str, data: bytes) -> StoredFile:
+    """:func:`store_job_file` for a content-addressed file outside the chain whose name its
+    caller checked (the id index of a job, issue 28): written, synced, linked under ``name``
+    (an existing name with the same bytes is fine, other bytes are a ``FileConflict``), then
+    the directory synced."""
+    directory = Path(dirpath)
+    try:
+        _ensure_dir(directory)
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    stored = _publish(directory, name, data)
+    try:
+        fsync_dir(directory)
+    except OSError as exc:
+        raise _os_error(exc, name) from None
+    return stored
+
+
 def store_job_files(
     dirpath: Path, files: Sequence[tuple[str, bytes]]
 ) -> tuple[list[StoredFile], ArchiveIOError | None]:
