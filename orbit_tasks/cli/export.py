@@ -123,6 +123,18 @@ def archive_roots(
 ) -> None:
     """List the roots settled in [--settled-from, --settled-until) across the SUCCEEDED jobs
     of KIND: each one's id, settled time, job, file and position (files verified as read)."""
+    emit_roots(ns, kind, volumes, settled_from, settled_until, as_json)
+
+
+def emit_roots(
+    ns: str,
+    kind: str,
+    volumes: tuple[str, ...],
+    settled_from: datetime | None,
+    settled_until: datetime | None,
+    as_json: bool,
+) -> None:
+    """The window listing of ``archive roots`` and ``archive find --settled-from/-until``."""
     window, namespace, mounted = _open(ns, kind, settled_from, settled_until, volumes)
     read, refs = list_roots(platform_engine(), namespace.id, namespace.name, kind, window, mounted)
     # All or nothing, in bounded memory: the listing is spooled to an unnamed temp file and

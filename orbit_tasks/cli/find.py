@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import click
@@ -22,7 +23,9 @@ from orbit_tasks.archive.engine.storage import Storage, open_storage, parse_volu
 from orbit_tasks.archive.jobs import Job, JobState
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.common import emit, json_option
+from orbit_tasks.cli.export import emit_roots
 from orbit_tasks.cli.places import open_place
+from orbit_tasks.cli.restore import TIMESTAMP
 from orbit_tasks.db.engine import single_statements
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import ConflictError, InvalidInput, NotFound
@@ -141,15 +144,44 @@ def _found_text(doc: dict[str, Any]) -> str:
 @click.argument("kind")
 @click.argument("root_id", metavar="[ID]", required=False)
 @volume_option
+@click.option(
+    "--settled-from", "settled_from", type=TIMESTAMP, default=None,
+    help="Without ID: list the roots settled at or after this time (UTC).",
+)  # fmt: skip
+@click.option(
+    "--settled-until", "settled_until", type=TIMESTAMP, default=None,
+    help="Without ID: list the roots settled before this time (UTC).",
+)  # fmt: skip
 @json_option
 def archive_find(
-    ns: str, kind: str, root_id: str | None, volumes: tuple[str, ...], as_json: bool
+    ns: str,
+    kind: str,
+    root_id: str | None,
+    volumes: tuple[str, ...],
+    settled_from: datetime | None,
+    settled_until: datetime | None,
+    as_json: bool,
 ) -> None:
     """An archived root by its id: the job, the file, its line exactly as archived and the proof
-    (exit 4: never archived; 3: jobs not indexed yet; 1: a damaged file, named)."""
+    (exit 4: never archived; 3: jobs not indexed yet; 1: a damaged file, named). Without ID,
+    with --settled-from/--settled-until: the roots archived in that window across jobs, as
+    `orbit archive roots` lists them (each file verified as it is read)."""
     history_kind(kind)
+    window = settled_from is not None or settled_until is not None
+    if root_id is not None and window:
+        raise InvalidInput(
+            "give either an ID or --settled-from/--settled-until (a window), not both"
+        )
+    if window:
+        if not volumes:
+            raise InvalidInput("a window listing needs --volume (each storage of its jobs)")
+        emit_roots(ns, kind, volumes, settled_from, settled_until, as_json)
+        return
     if root_id is None:
-        raise InvalidInput("give the ID of the root to find (32 hexadecimal characters)")
+        raise InvalidInput(
+            "give the ID of the root to find (32 hexadecimal characters), or a window with "
+            "--settled-from/--settled-until"
+        )
     rid = from_hex(root_id, "root id")
     namespace = _namespace(ns)
     engine = platform_engine()

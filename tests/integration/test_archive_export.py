@@ -188,8 +188,11 @@ def _export(env: dict[str, str], ns: str, vols: list[str], lo: datetime, hi: dat
     return json.loads(proc.stdout)
 
 
-def _roots(env: dict[str, str], ns: str, vols: list[str], lo: datetime, hi: datetime) -> Any:
-    args = ["archive", "roots", ns, "tasks", "--settled-from", _ts(lo),
+def _roots(
+    env: dict[str, str], ns: str, vols: list[str], lo: datetime, hi: datetime,
+    command: str = "roots",
+) -> Any:  # fmt: skip
+    args = ["archive", command, ns, "tasks", "--settled-from", _ts(lo),
             "--settled-until", _ts(hi), "--json"]  # fmt: skip
     for v in vols:
         args += ["--volume", v]
@@ -264,6 +267,9 @@ def test_a_window_across_three_jobs_on_folders_and_s3(
         _assert_parquet(tmp_path / "w.parquet", expected)
 
         listing = _roots(env, "exp", vols, lo, hi)
+        # `archive find` without ID lists the same window (issue 28 item 1's window listing)
+        found = _roots(env, "exp", vols, lo, hi, command="find")
+        assert found == listing
         assert sorted(listing) == ["items", "next"] and listing["next"] is None
         assert [bytes.fromhex(i["id"]) for i in listing["items"]] == ids
         by_job = {i["job_id"] for i in listing["items"]}
@@ -469,6 +475,9 @@ def test_bad_input_is_one_line_and_writes_nothing(two_jobs: Any, tmp_path: Path)
           "--settled-until", "2026-03-02"], 2, "must be before --settled-until"),
         (["archive", "roots", "bad", "tasks", "--settled-from", "2026-03-02"], 2,
          "--volume"),
+        (["archive", "find", "bad", "tasks", "ab" * 16, *v, "--settled-from", "2026-03-02"], 2,
+         "not both"),
+        (["archive", "find", "bad", "tasks", "--settled-from", "2026-03-02"], 2, "--volume"),
     ]  # fmt: skip
     for args, code, needle in cases:
         assert_one_line_error(run_orbit(args, env), code, needle)
