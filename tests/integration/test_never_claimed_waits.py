@@ -1,0 +1,146 @@
+"""Waits of jobs that were never claimed (issue 27, docs/archive-controls.md "Ticks and wake-ups"):
+real MariaDB, Redis, an `orbit worker archive` process, the exporter and the real CLI.
+
+A job created while its scope is paused or outside its run window gets no wake-up, so no worker
+asks about it (a job that waits is never claimed to find that out): the tick records its wait.
+`job show` and `job list` name the reason, `orbit_archive_jobs_waiting` counts it, the waited
+time is counted from when the job became PENDING or the control began to hold it, whichever is
+later (before: `waiting -`, the gauge 0, nothing counted).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.archive.tick import run_tick
+from orbit_tasks.db.engine import FixedClock, db_now
+from orbit_tasks.timestamps import format_ts
+from tests.support.archive_jobs import (
+    ArchiveEnv,
+    archive_env,
+    assert_succeeded_exactly,
+    cli_json,
+    create_job,
+    make_namespace,
+    make_plan,
+    make_volume,
+    wait_state,
+)
+from tests.support.metrics import running_exporter, value
+from tests.support.scene import archive_scene, no_publish
+
+pytestmark = [pytest.mark.mariadb, pytest.mark.redis]
+
+
+def _stats(ae: ArchiveEnv, ns: bytes, job_id: bytes) -> dict:
+    shown = cli_json(ae.orbit("job", "show", ns.hex(), job_id.hex(), "--json"))
+    return shown["statistics"]
+
+
+def test_a_job_created_while_paused_shows_its_wait_is_gauged_and_counted(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        ns, _q, vol, sid = archive_scene(
+            platform_engine, name="born-paused", volume=tmp_path / "vol", kind="events",
+            roots=40, batch_size=10,
+        ).parts  # fmt: skip
+        ae.worker("paused", [vol])
+        ae.orbit("archive", "pause", "--storage", sid.hex(), "--reason", "disk swap")
+        report = ae.tick()  # creates the job while the storage is paused: no wake-up
+        ((_ns, _k, job_hex),) = report.jobs_created
+        job_id = bytes.fromhex(job_hex)
+        assert report.wakeups_published == 0 and report.waits_recorded == 1, report
+        job = ae.job(ns, job_id)
+        assert (job.state, job.attempts) == (JobState.PENDING, 0)
+
+        with platform_engine.connect() as conn:  # read before `job show` reads its now
+            held_for = (db_now(conn) - job.created_at).total_seconds()
+        st = _stats(ae, ns, job_id)
+        assert st["waiting"] == "paused", st
+        assert st["waiting_since"] == format_ts(job.created_at), (st, job.created_at)
+        assert st["waited_seconds"]["paused"] >= held_for > 0, (st, held_for)
+        text_show = ae.orbit("job", "show", ns.hex(), job_hex).stdout
+        assert "waiting" in text_show and "paused (since" in text_show, text_show
+
+        listed = cli_json(ae.orbit("job", "list", ns.hex(), "--json"))["items"]
+        assert [(i["id"], i["waiting"]) for i in listed] == [(job_hex, "paused")]
+        table = ae.orbit("job", "list", ns.hex()).stdout.splitlines()
+        assert table[0].split()[-1] == "WAITING" and table[1].split()[-1] == "paused", table
+
+        exp_env = {k: v for k, v in ae.env.items() if k != "ORBIT_SENDER_DATABASE_URL"}
+        exp_env.update(ORBIT_METRICS_CACHE_SECONDS="1")
+        with running_exporter(exp_env, tmp_path) as exporter:
+            s = exporter.scrape()
+            assert value(s, "orbit_archive_jobs_waiting", storage=sid.hex(), reason="paused") == 1
+
+        again = ae.tick()  # recorded once: the next tick writes nothing and keeps the start
+        assert (again.waits_recorded, again.wakeups_published) == (0, 0), again
+        assert _stats(ae, ns, job_id)["waiting_since"] == st["waiting_since"]
+
+        ae.orbit("archive", "resume", "--storage", sid.hex())
+        assert ae.tick().wakeups_published == 1
+        done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
+        assert done.state is JobState.SUCCEEDED, done
+        assert done.attempts == done.batches + 1  # never claimed to find out it waits
+        assert_succeeded_exactly(ae, done, vol)
+        st = _stats(ae, ns, job_id)
+        assert st["waiting"] is None and st["waited_seconds"]["paused"] >= held_for, st
+        listed = cli_json(ae.orbit("job", "list", ns.hex(), "--json"))["items"]
+        assert listed[0]["waiting"] is None
+
+
+def test_a_pending_job_paused_later_waits_from_the_pause(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """A job created before a namespace's pause whose wake-up found no worker (none running):
+    its wait starts at the pause's `since`, not at its creation; a job of another namespace on
+    the storage is not held."""
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        sid = make_volume(platform_engine, tmp_path / "vol")
+        ns_p, _ = make_namespace(platform_engine, "paused-later")
+        ns_o, _ = make_namespace(platform_engine, "other-ns")
+        for ns in (ns_p, ns_o):
+            make_plan(platform_engine, ns, "events", sid)
+        job_p = create_job(ae, ns_p, "events")  # both created by this tick, neither claimed
+        job_o = ae.jobs(ns_o)[0]
+        ae.orbit("archive", "pause", "--namespace", "paused-later", "--reason", "tenant move")
+        (pause,) = cli_json(ae.orbit("archive", "controls", "--json"))["items"]
+        assert ae.tick().waits_recorded == 1
+        st = _stats(ae, ns_p, job_p.id)
+        assert (st["waiting"], st["waiting_since"]) == ("paused", pause["since"]), (st, pause)
+        assert st["waiting_since"] > format_ts(job_p.created_at)
+        assert _stats(ae, ns_o, job_o.id)["waiting"] is None
+
+
+def test_a_job_whose_window_closed_before_any_claim_waits_from_the_windows_end(
+    platform_engine: Engine, mariadb_url: str, tmp_path: Path
+) -> None:
+    """Created inside its namespace's window, never claimed (no worker), then the window closes:
+    the tick standing after the window's end (the clock seam) records the wait `window` from the
+    end of the window exactly; one standing inside it records nothing."""
+    with archive_env(mariadb_url, platform_engine, tmp_path) as ae:
+        sid = make_volume(platform_engine, tmp_path / "vol")
+        ns, _ = make_namespace(platform_engine, "win-ns")
+        make_plan(platform_engine, ns, "events", sid)
+        with platform_engine.connect() as conn:
+            now = db_now(conn)
+        start, end = now - timedelta(hours=1), now + timedelta(hours=1)
+        window = f"{start:%H:%M}-{end:%H:%M}"
+        ae.orbit("archive", "window", "--namespace", "win-ns", window)
+        report = run_tick(platform_engine, ae.settings, no_publish, clock=FixedClock(now))
+        ((_ns, _k, job_hex),) = report.jobs_created
+        assert report.waits_recorded == 0  # inside the window: nothing holds it
+        assert _stats(ae, ns, bytes.fromhex(job_hex))["waiting"] is None
+
+        after = FixedClock(now + timedelta(hours=1, minutes=5))
+        report = run_tick(platform_engine, ae.settings, no_publish, clock=after)
+        assert (report.waits_recorded, report.wakeups_published) == (1, 0), report
+        st = _stats(ae, ns, bytes.fromhex(job_hex))
+        closed_at = end.replace(second=0, microsecond=0)
+        assert (st["waiting"], st["waiting_since"]) == ("window", format_ts(closed_at)), st
