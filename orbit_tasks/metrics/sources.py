@@ -112,8 +112,10 @@ class PlatformSource:
         clock: Callable[[], float] = time.monotonic,
         recount_seconds: float = RECOUNT_SECONDS,
         settle_seconds: int = SETTLE_SECONDS,
+        pause_alert_after_seconds: int = 86400,
     ) -> None:
         self.engine = engine
+        self.pause_alert_after = pause_alert_after_seconds
         self.tick_seconds = tick_seconds
         self.clock = clock
         self.recount_seconds = recount_seconds
@@ -147,9 +149,13 @@ class PlatformSource:
                 conn, storages, now - dt.timedelta(seconds=2 * self.tick_seconds)
             )
             waiting = control_store.waiting_counts(conn)
+            pauses = tuple((c.scope.key, c.since) for c in control_store.pauses_in_force(conn))
             backlogs = self._plan_backlogs(conn, now)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
-        return replace(reading, waiting=waiting, backlogs=backlogs)
+        return replace(
+            reading, waiting=waiting, backlogs=backlogs, pauses=pauses,
+            pause_alert_after_seconds=float(self.pause_alert_after),
+        )  # fmt: skip
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:
         """Every enabled plan's backlog: the range a job created now would have (its ``from`` =

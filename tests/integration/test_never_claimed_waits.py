@@ -74,10 +74,14 @@ def test_a_job_created_while_paused_shows_its_wait_is_gauged_and_counted(
         assert table[0].split()[-1] == "WAITING" and table[1].split()[-1] == "paused", table
 
         exp_env = {k: v for k, v in ae.env.items() if k != "ORBIT_SENDER_DATABASE_URL"}
-        exp_env.update(ORBIT_METRICS_CACHE_SECONDS="1")
+        exp_env.update(ORBIT_METRICS_CACHE_SECONDS="1", ORBIT_ARCHIVE_PAUSE_ALERT_AFTER="2h")
         with running_exporter(exp_env, tmp_path) as exporter:
             s = exporter.scrape()
             assert value(s, "orbit_archive_jobs_waiting", storage=sid.hex(), reason="paused") == 1
+            # what OrbitArchivePauseForgotten compares: the pause's age and the alert age
+            age = value(s, "orbit_archive_pause_age_seconds", scope=f"{sid.hex()}/*/*")
+            assert age is not None and 0 < age < 600, age
+            assert value(s, "orbit_archive_pause_alert_after_seconds") == 7200
 
         again = ae.tick()  # recorded once: the next tick writes nothing and keeps the start
         assert (again.waits_recorded, again.wakeups_published) == (0, 0), again

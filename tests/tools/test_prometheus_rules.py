@@ -30,12 +30,24 @@ REQUIRED = {
     "OrbitArchivePlansOverdue",
     "OrbitArchiveBacklogNotShrinking",
     "OrbitArchiveReplicaDiverged",
+    "OrbitArchivePauseForgotten",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
 }
 # PromQL words that look like names but are functions, keywords or label names.
-PROMQL_WORDS = {"or", "and", "unless", "by", "without", "on", "ignoring", "delta", "label_replace"}
+PROMQL_WORDS = {
+    "or",
+    "and",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "delta",
+    "label_replace",
+    "group_left",
+}
 PROMTOOL = shutil.which("promtool")
 
 

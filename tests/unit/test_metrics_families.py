@@ -52,6 +52,7 @@ def _platform(**changes: Any) -> PlatformReading:
         pending_since={A: NOW - dt.timedelta(seconds=90)},
         plans_overdue={B: 2},
         backlogs=(PlanBacklog("acme", "events", 120.0, 3600.0, 86400),),
+        pauses=((f"{A.hex()}/*/*", NOW - dt.timedelta(hours=25)),),
     )
     base.update(changes)
     return PlatformReading(**base)
@@ -231,3 +232,15 @@ def test_archived_roots_files_and_claims_per_storage_and_kind_with_zeros() -> No
     for name in ("orbit_archive_confirmed_roots", "orbit_archive_confirmed_files",
                  "orbit_archive_claims"):  # fmt: skip
         assert value(m, name, storage=B.hex(), kind="audit") == 0  # a pair with jobs: zero
+
+
+def test_pause_ages_and_the_alert_age() -> None:
+    """Issue 27: one series per pause in force (its age at the reading's clock), and the age
+    the alert fires at; no pause: no age series, the alert age still served."""
+    scope = f"{A.hex()}/*/*"
+    m = _scrape(Snapshot(_platform(pause_alert_after_seconds=3600.0), None, None, False))
+    assert series(m, "orbit_archive_pause_age_seconds") == {(("scope", scope),): 25 * 3600.0}
+    assert value(m, "orbit_archive_pause_alert_after_seconds") == 3600.0
+    m = _scrape(Snapshot(_platform(pauses=()), None, None, False))
+    assert series(m, "orbit_archive_pause_age_seconds") == {}
+    assert value(m, "orbit_archive_pause_alert_after_seconds") == 86400.0
