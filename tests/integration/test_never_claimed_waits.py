@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.tick import run_tick
@@ -148,3 +148,60 @@ def test_a_job_whose_window_closed_before_any_claim_waits_from_the_windows_end(
         st = _stats(ae, ns, bytes.fromhex(job_hex))
         closed_at = end.replace(second=0, microsecond=0)
         assert (st["waiting"], st["waiting_since"]) == ("window", format_ts(closed_at)), st
+
+
+def test_explain_the_held_jobs_query_walks_the_claim_index(platform_engine: Engine) -> None:
+    """The tick's read of held jobs without their wait (every tick while a pause or a closed
+    window is in force): the jobs on ``ix_archive_job_claim`` in its order (no filesort), each
+    joined to its open wait by the waits' primary key."""
+    from sqlalchemy import insert
+
+    from orbit_tasks.archive.controls import Scope, WaitReason
+    from orbit_tasks.archive.store import controls as control_store
+    from orbit_tasks.db.platform_tables import archive_jobs, job_waits
+    from orbit_tasks.ids import new_id
+
+    storages = [new_id() for _ in range(4)]
+    namespaces = [new_id() for _ in range(8)]
+    with platform_engine.begin() as conn:
+        now = db_now(conn)
+        jobs = [
+            dict(
+                namespace_id=namespaces[i % 8], id=new_id(), kind="events", plan_revision=1,
+                policy_revision=1, storage_id=storages[i % 4], batch_size=10, max_bytes=1 << 20,
+                state="PENDING" if i % 3 else "SUCCEEDED", created_at=now, updated_at=now,
+            )
+            for i in range(400)
+        ]  # fmt: skip
+        conn.execute(insert(archive_jobs), jobs)
+        conn.execute(
+            insert(job_waits),
+            [
+                dict(namespace_id=j["namespace_id"], job_id=j["id"], reason="paused", since=now,
+                     waited_us=0, updated_at=now)
+                for j in jobs[::5]
+            ],
+        )  # fmt: skip
+        conn.execute(text("ANALYZE TABLE orbit_archive_jobs, orbit_archive_job_waits"))
+
+    def explain(scopes: list[Scope]) -> dict[str, dict]:
+        where = control_store.held_where(storages[0], scopes)
+        query = control_store.unrecorded_held_query(storages[0], where, WaitReason.PAUSED, 1000)
+        with platform_engine.connect() as conn:
+            compiled = query.compile(dialect=conn.dialect)
+            params = compiled.construct_params()
+            args = tuple(params[k] for k in compiled.positiontup)
+            rows = conn.exec_driver_sql("EXPLAIN " + compiled.string, args).mappings().all()
+        return {str(r["table"]): dict(r) for r in rows}
+
+    paused_storage = explain([Scope(storage_id=storages[0])])
+    jobs, waits = paused_storage["orbit_archive_jobs"], paused_storage["orbit_archive_job_waits"]
+    assert jobs["key"] == "ix_archive_job_claim", paused_storage
+    assert "filesort" not in str(jobs["Extra"]), paused_storage
+    assert waits["key"] == "PRIMARY", paused_storage
+    # a paused namespace: the optimizer may read that namespace's jobs by the primary key
+    # instead (a small set, sorted), never the whole table
+    paused_ns = explain([Scope(namespace_id=namespaces[0])])
+    jobs, waits = paused_ns["orbit_archive_jobs"], paused_ns["orbit_archive_job_waits"]
+    assert jobs["type"] == "ref" and jobs["key"] in ("ix_archive_job_claim", "PRIMARY"), paused_ns
+    assert waits["key"] == "PRIMARY", paused_ns

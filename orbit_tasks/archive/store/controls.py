@@ -419,10 +419,19 @@ def unrecorded_held_jobs(
     many held jobs is recorded over a few ticks and then costs one empty read per tick."""
     if limit <= 0:
         return []
+    rows = conn.execute(unrecorded_held_query(storage_id, where, reason, limit)).all()
+    return [
+        HeldJob(bytes(r[0]), bytes(r[1]), str(r[2]), r[3], None if r[4] is None else str(r[4]))
+        for r in rows
+    ]
+
+
+def unrecorded_held_query(storage_id: bytes, where: Any, reason: WaitReason, limit: int) -> Any:
+    """The statement of :func:`unrecorded_held_jobs` (EXPLAIN tests)."""
     open_wait = and_(
         W.c.namespace_id == J.c.namespace_id, W.c.job_id == J.c.id, W.c.since.is_not(None)
     )
-    rows = conn.execute(
+    return (
         select(J.c.namespace_id, J.c.id, J.c.kind, J.c.updated_at, W.c.reason)
         .select_from(J.outerjoin(W, open_wait))
         .where(
@@ -433,11 +442,7 @@ def unrecorded_held_jobs(
         )
         .order_by(J.c.lease_until, J.c.updated_at)
         .limit(limit)
-    ).all()
-    return [
-        HeldJob(bytes(r[0]), bytes(r[1]), str(r[2]), r[3], None if r[4] is None else str(r[4]))
-        for r in rows
-    ]
+    )
 
 
 def lock_if_pending_since(
