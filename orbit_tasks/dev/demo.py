@@ -326,7 +326,7 @@ def closing_lines(root: Path, cwd: Path, job_id: str) -> list[str]:
         "(`orbit` is .venv/bin/orbit: `source .venv/bin/activate` puts it on the PATH.)",
         "",
         "What next:",
-        '  README.md "CLI walkthrough": the same on MariaDB, from CREATE DATABASE to a worker',
+        '  README.md "The archive cycle with the CLI alone": the same on MariaDB, from nothing',
         "  docs/operations.md: the runbook (alerts, error codes, wait reasons)",
         "  make test: the test suite (installs the test tools the demo does not need)",
     ]
