@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -276,3 +277,52 @@ def test_the_demos_closing_lines_work_as_printed(tmp_path: Path) -> None:
     )
     assert_one_line_error(proc, 1, "ORBIT_VAR_DIR=var/demo", str(tmp_path / "var"))
     assert not (tmp_path / "var" / "platform.sqlite3").exists()
+
+
+def _walkthrough_commands() -> list[list[str]]:
+    """Every `orbit` line of README's walkthrough (``The archive cycle with the CLI alone`` up
+    to the next ``##`` section), continuation lines joined, `VAR=value` prefixes dropped."""
+    import shlex
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The archive cycle with the CLI alone", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line.split(" #", 1)[0].replace("&", " "))
+            while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+                words = words[1:]
+            if words[:1] == ["orbit"]:
+                out.append(words[1:])
+    return out
+
+
+def test_readme_walkthrough_commands_exist_with_their_options() -> None:
+    """What README tells a new operator to type parses: the command and each option exist
+    (resolved as click resolves them, in-process)."""
+    import click
+    from click.testing import CliRunner
+
+    from orbit_tasks.cli.main import load_all_commands
+
+    cli = load_all_commands()
+    commands = _walkthrough_commands()
+    assert ["worker", "control"] in commands and ["db", "upgrade"] in commands, commands
+    for argv in commands:
+        node: Any = cli
+        depth = 0
+        for word in (a for a in argv if not a.startswith("-") and not a.startswith("<")):
+            sub = (
+                node.get_command(click.Context(cli), word)
+                if isinstance(node, click.Group)
+                else None
+            )
+            if sub is None:
+                break
+            node, depth = sub, depth + 1
+        assert depth and not isinstance(node, click.Group), f"unknown: orbit {' '.join(argv)}"
+        words = [a for a in argv if not a.startswith("-") and not a.startswith("<")][:depth]
+        shown = CliRunner().invoke(cli, [*words, "--help"])
+        assert shown.exit_code == 0, shown.output
+        for option in (a.split("=")[0] for a in argv if a.startswith("--")):
+            assert option in shown.output, f"orbit {' '.join(words)} has no {option}"
