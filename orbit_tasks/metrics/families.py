@@ -57,6 +57,8 @@ EXTRA_METRICS = (
     "orbit_archive_plan_interval_seconds",
     "orbit_archive_pause_age_seconds",
     "orbit_archive_pause_alert_after_seconds",
+    "orbit_beat_leader",
+    "orbit_beat_last_tick_age_seconds",
 )
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
 
@@ -86,6 +88,16 @@ def backlog_roots(
 
 
 @dataclass(frozen=True)
+class BeatReading:
+    """The beat leader's lease (issue 30 item 3) at the database clock."""
+
+    holder: str  # host:pid of the leader ("" before any beat led)
+    epoch: int  # +1 at every change of leader
+    leading: bool  # its lease has not expired
+    since_tick_seconds: float  # since its last tick (since it took over when it sent none)
+
+
+@dataclass(frozen=True)
 class PlatformReading:
     """Archive state read from the platform database, all at the database clock ``now``."""
 
@@ -109,6 +121,8 @@ class PlatformReading:
     # (ORBIT_ARCHIVE_PAUSE_ALERT_AFTER)
     pauses: tuple[tuple[str, dt.datetime], ...] = ()
     pause_alert_after_seconds: float = 86400.0
+    # the beat leader's lease (issue 30 item 3); None before any beat ran
+    beat: BeatReading | None = None
 
 
 @dataclass(frozen=True)
@@ -327,6 +341,26 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
         for b in p.backlogs:
             fam.add_metric([b.namespace, b.kind], value(b))
         yield fam
+    yield from _beat(p.beat)
+
+
+def _beat(beat: BeatReading | None) -> Iterator[Metric]:
+    """The beat leader (issue 30 item 3): who leads (1 while its lease holds, 0 once it expired
+    with no standby taking over) and the time since the last tick any leader sent."""
+    leader = GaugeMetricFamily(
+        "orbit_beat_leader",
+        "The beat holding the leader's lease (host:pid): 1 while the lease holds, else 0",
+        labels=["holder", "epoch"],
+    )
+    age = GaugeMetricFamily(
+        "orbit_beat_last_tick_age_seconds",
+        "Seconds since the beat leader last sent a tick (since it took over if it sent none)",
+    )
+    if beat is not None:
+        leader.add_metric([beat.holder, str(beat.epoch)], 1.0 if beat.leading else 0.0)
+        age.add_metric([], beat.since_tick_seconds)
+    yield leader
+    yield age
 
 
 def _queues(b: BrokerReading, storages: Sequence[bytes]) -> Iterator[Metric]:

@@ -23,10 +23,12 @@ from sqlalchemy.engine import make_url
 from orbit_tasks.archive.jobs import JobFailure, JobState
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as job_store
-from orbit_tasks.db.engine import db_now, is_mysql, make_engine
+from orbit_tasks.beat import store as beat_store
+from orbit_tasks.db.engine import FixedClock, db_now, is_mysql, make_engine
 from orbit_tasks.metrics import store
 from orbit_tasks.metrics.families import (
     NEAR_DEADLINE,
+    BeatReading,
     BusinessReading,
     PlanBacklog,
     PlatformReading,
@@ -151,9 +153,10 @@ class PlatformSource:
             waiting = control_store.waiting_counts(conn)
             pauses = tuple((c.scope.key, c.since) for c in control_store.pauses_in_force(conn))
             backlogs = self._plan_backlogs(conn, now)
+            beat = _beat_reading(conn, now)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
         return replace(
-            reading, waiting=waiting, backlogs=backlogs, pauses=pauses,
+            reading, waiting=waiting, backlogs=backlogs, beat=beat, pauses=pauses,
             pause_alert_after_seconds=float(self.pause_alert_after),
         )  # fmt: skip
 
@@ -203,6 +206,20 @@ class PlatformSource:
             tally = self._tally = _Tally(cut, self.clock(), counts)
             self.recounts += 1
         return tally
+
+
+def _beat_reading(conn: Connection, now: dt.datetime) -> BeatReading | None:
+    """The beat leader's lease (issue 30 item 3), at the clock of this reading."""
+    lease = beat_store.read(conn, FixedClock(now))
+    if lease is None:
+        return None
+    last = lease.last_tick_at or lease.acquired_at
+    return BeatReading(
+        holder=lease.holder,
+        epoch=int(lease.epoch),
+        leading=lease.lease_until >= now,
+        since_tick_seconds=max(0.0, (now - last).total_seconds()),
+    )
 
 
 def _assemble(

@@ -34,6 +34,7 @@ REQUIRED = {
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
+    "OrbitBeatTicksStopped",
 }
 # PromQL words that look like names but are functions, keywords or label names.
 PROMQL_WORDS = {

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from orbit_tasks.metrics.families import (
     CONTRACT_METRICS,
     METRIC_NAMES,
+    BeatReading,
     BrokerReading,
     BusinessReading,
     PlanBacklog,
@@ -53,6 +54,7 @@ def _platform(**changes: Any) -> PlatformReading:
         plans_overdue={B: 2},
         backlogs=(PlanBacklog("acme", "events", 120.0, 3600.0, 86400),),
         pauses=((f"{A.hex()}/*/*", NOW - dt.timedelta(hours=25)),),
+        beat=BeatReading(holder="beat-a:7", epoch=3, leading=True, since_tick_seconds=1.5),
     )
     base.update(changes)
     return PlatformReading(**base)

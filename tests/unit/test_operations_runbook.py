@@ -33,6 +33,7 @@ ALERTS = [
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
+    "OrbitBeatTicksStopped",
 ]
 
 
