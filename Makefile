@@ -1,14 +1,19 @@
-# One target per routine. `make demo` and `make test` do all the set-up on a fresh machine.
+# One target per routine. `make demo` and `make test` do all the set-up on a fresh machine:
+# `make demo` only what the demo needs (install-demo), the rest comes with `make install`.
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers of `make test` (each its own Redis server and MariaDB database names;
 # tests/conftest.py). Measured on the 2-core machine: see docs/decisions.md.
 TEST_WORKERS ?= 2
 
-.PHONY: install services test test-fast lint typecheck fmt demo bench bench-results clean compose-check
+.PHONY: install install-demo services test test-fast lint typecheck fmt demo bench bench-results clean compose-check
 
 install:
 	@bash scripts/bootstrap.sh
+
+## What `make demo` needs: the package and its MariaDB driver's build packages, no test tools.
+install-demo:
+	@bash scripts/bootstrap.sh --demo
 
 services:
 	@bash scripts/ensure-services.sh
@@ -36,7 +41,7 @@ fmt: install
 	.venv/bin/ruff format .
 
 ## End-to-end demo on the embedded default (SQLite + local files + filesystem broker, no servers).
-demo: install
+demo: install-demo
 	.venv/bin/orbit demo
 
 ## Benchmarks (separate from tests); results go to bench/RESULTS.md.

@@ -71,6 +71,9 @@ class Settings:
     # database, docs/operations.md "Read from a replica"); None: the platform database itself.
     archive_source_url: str | None = field(default=None, repr=False)
     archive_reader: str = "auto"
+    # ORBIT_ARCHIVE_PAUSE_ALERT_AFTER (issue 27, docs/operations.md "OrbitArchivePauseForgotten"):
+    # a pause older than this raises the alert; the exporter serves it beside the pauses' ages.
+    archive_pause_alert_after_seconds: int = 86400
     # ORBIT_BEAT_LEASE_SECONDS (issue 30 item 3): the beat leader's lease; None = three quarters
     # of the shortest tick period (orbit_tasks/beat/rules.py).
     beat_lease_seconds: int | None = None
@@ -231,12 +234,33 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
         archive_reader=(_choice(env, "ORBIT_ARCHIVE_READER", ARCHIVE_READERS) or "auto").lower(),
+        archive_pause_alert_after_seconds=_pause_alert_after(env),
         beat_lease_seconds=(
             None
             if not env.get("ORBIT_BEAT_LEASE_SECONDS")
             else _int(env, "ORBIT_BEAT_LEASE_SECONDS", 0, 1, 30)
         ),
     )
+
+
+PAUSE_ALERT_AFTER = "ORBIT_ARCHIVE_PAUSE_ALERT_AFTER"
+PAUSE_ALERT_RANGE = (60, 365 * 86400)  # 1m..365d
+
+
+def _pause_alert_after(env: Mapping[str, str]) -> int:
+    """How old a pause may grow before the alert (a duration with its unit, ``24h``, ``3d``;
+    1m..365d; default 24h)."""
+    raw = (env.get(PAUSE_ALERT_AFTER) or "").strip()
+    if raw == "":
+        return 86400
+    allowed = "allowed 1m..365d, an integer with s, m, h or d"
+    seconds = units.duration_seconds(raw, unit_required=True)
+    if seconds is None:
+        raise InvalidInput(f"{PAUSE_ALERT_AFTER}={raw!r} is not a duration ({allowed}, e.g. 24h)")
+    lo, hi = PAUSE_ALERT_RANGE
+    if not lo <= seconds <= hi:
+        raise InvalidInput(f"{PAUSE_ALERT_AFTER}={raw} is out of range ({allowed})")
+    return seconds
 
 
 def _operator(env: Mapping[str, str]) -> str:

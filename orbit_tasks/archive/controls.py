@@ -347,6 +347,49 @@ def throttles(controls: Iterable[Control]) -> list[Control]:
     return [c for c in controls if c.kind is ControlKind.THROTTLE]
 
 
+# --- waits of jobs that were never claimed (issue 27) -------------------------------------------
+
+
+def window_closed_since(windows: Sequence[Window], now: datetime) -> datetime | None:
+    """When ``windows`` last closed at or before ``now``, ``now`` being outside all of them: the
+    latest window end at or before ``now`` (every window that opened after it would still be
+    open). None when ``now`` is inside a window."""
+    if in_window(windows, now):
+        return None
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    ends = [
+        midnight + timedelta(days=day, minutes=w.end) for w in windows for day in (-1, 0)
+    ]  # a window ends at least once a day: yesterday's end is at or before now
+    return max((e for e in ends if e <= now), default=None)
+
+
+def held_since(controls: Sequence[Control], reason: WaitReason, now: datetime) -> datetime | None:
+    """Since when the controls in force for a job (``controls``) have held it for ``reason``
+    without a break, as far as the controls tell: the earliest ``since`` of the pauses, or the
+    earliest instant one of the closed windows closed. None when they do not hold it for it."""
+    if reason is WaitReason.PAUSED:
+        return min((c.since for c in controls if c.kind is ControlKind.PAUSE), default=None)
+    if reason is WaitReason.WINDOW:
+        closed = [
+            s
+            for c in controls
+            if c.kind is ControlKind.WINDOW
+            and (s := window_closed_since(c.windows, now)) is not None
+        ]
+        return min(closed, default=None)
+    return None
+
+
+def never_claimed_wait_start(
+    pending_since: datetime, held: datetime | None, now: datetime
+) -> datetime:
+    """The start of the wait of a PENDING job a control holds and no worker asked about (the
+    tick records it, issue 27): the job waits since it became PENDING (``pending_since``: its
+    ``updated_at``) or since the control holds it, whichever is later, and never after ``now``."""
+    start = pending_since if held is None or held < pending_since else held
+    return min(start, now)
+
+
 # --- statistics ---------------------------------------------------------------------------------
 
 

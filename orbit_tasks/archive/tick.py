@@ -1,4 +1,5 @@
-"""One archive tick (SPEC §7): due plans -> jobs, the replica heartbeat, then the sweep -> wake-ups.
+"""One archive tick (SPEC §7): due plans -> jobs, the replica heartbeat, the waits of held jobs,
+then the sweep -> wake-ups.
 
 Beat's ``orbit.archive.tick`` task and ``orbit archive tick`` both call :func:`run_tick`.
 
@@ -10,6 +11,12 @@ after the scan, the compare-and-set matches fewer rows than it wrote: the page i
 scanned again, and after ``PAGE_ATTEMPTS`` such conflicts its plans are handled one per
 transaction (a page of one), so no decision is ever written over a row it did not see. Wake-ups
 are published after the transactions commit; losing them only delays work until the next sweep.
+
+Jobs a pause or a closed run window holds get no wake-up, so no worker would ever ask about them
+and record their wait (a job that waits is never claimed to find out): the tick records it for
+them (:func:`_record_held_waits`, issue 27), from when the job became PENDING or when the control
+began to hold it, whichever is later. So ``job show`` names the reason, the exporter's
+``orbit_archive_jobs_waiting`` counts them and their waited time is counted.
 
 Every read of the time goes through ``clock.now(conn)``, the project's one
 :class:`~orbit_tasks.db.engine.Clock`: the database clock in production, a ``FixedClock`` in the
@@ -24,16 +31,17 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, and_
 
+from orbit_tasks.archive import controls as control_rules
 from orbit_tasks.archive import plans as plan_rules
-from orbit_tasks.archive.controls import Scope
+from orbit_tasks.archive.controls import Control, JobView, Scope, Situation, WaitReason
 from orbit_tasks.archive.plans import TickAction
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import indexes as index_store
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.wakeups import Publisher, publish_index_wakeup, publish_wakeup
-from orbit_tasks.db.engine import DB_CLOCK, Clock
+from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import TransientError
 from orbit_tasks.ids import new_id
@@ -49,6 +57,7 @@ log = logging.getLogger("orbit.archive.tick")
 INDEX_WAKEUPS_PER_STORAGE = 4  # issue 28: SUCCEEDED jobs without an id index woken per tick
 DUE_PAGE = 256  # a power of two: full pages use the compare-and-set UPDATE without padding
 PAGE_ATTEMPTS = 3  # conflicting page transactions before the page's plans go one by one
+HELD_WAITS_PER_TICK = 1000  # waits of held jobs recorded per tick at most (the rest: next ticks)
 
 
 @dataclass
@@ -62,6 +71,7 @@ class TickReport:
     wakeups_published: int = 0
     paused_storages: int = 0  # storages paused as a whole: no wake-ups published for them
     index_wakeups_published: int = 0  # issue 28: SUCCEEDED jobs woken to build their id index
+    waits_recorded: int = 0  # held jobs (paused, outside their window) whose wait was recorded
     now: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,12 +108,16 @@ def run_tick(
             storages = [bytes.fromhex(s["storage_id"]) for s in list_storages(conn)]
             paused = control_store.pauses(conn)  # read once; workers check again anyway
             closed = control_store.closed_windows(conn, report.now)
+            controls = control_store.list_controls(conn) if paused or closed else []
         report.storages = len(storages)
         for storage_id in storages:
             _create_jobs(engine, storage_id, clock, report)
         stage = "heartbeat"
         with engine.begin() as conn:  # after the jobs: a replica showing it has them all
             plan_store.write_heartbeat(conn, clock)
+        stage = "waits"
+        if paused or closed:
+            _record_held_waits(engine, storages, controls, paused, closed, clock, report)
         stage = "sweep"
         budget = settings.archive_wakeups_per_tick
         _sweep_and_publish(engine, storages, paused, closed, budget, publish, clock, report)
@@ -147,9 +161,87 @@ def run_tick(
         policy_unconfirmed=len(report.policy_unconfirmed),
         namespace_inactive=len(report.namespace_inactive),
         lost=report.lost,
+        waits_recorded=report.waits_recorded,
         wakeups_published=report.wakeups_published,
     )
     return report
+
+
+def _record_held_waits(
+    engine: Engine,
+    storages: list[bytes],
+    controls: list[Control],
+    paused: list[Scope],
+    closed: list[Scope],
+    clock: Clock,
+    report: TickReport,
+) -> None:
+    """Record the wait of every PENDING job a pause or a closed window holds and that has no open
+    wait for that reason (issue 27): such a job gets no wake-up, so no worker asks about it.
+    The rules decide the reason (``controls.first_wait``, a pause first) and since when
+    (``controls.never_claimed_wait_start``); a job switching from another open wait switches
+    now. At most :data:`HELD_WAITS_PER_TICK` per tick; each job in its own short transaction,
+    its row locked while it is still PENDING as read (a claim waits for it, or it skips)."""
+    budget = HELD_WAITS_PER_TICK
+    for storage_id in storages:
+        pause_where = control_store.held_where(storage_id, paused)
+        window_where = control_store.held_where(storage_id, closed)
+        not_paused = control_store.not_paused(storage_id, paused)
+        passes: list[tuple[WaitReason, Any]] = []
+        if pause_where is not None:
+            passes.append((WaitReason.PAUSED, pause_where))
+        if window_where is not None and not_paused is not None:
+            passes.append((WaitReason.WINDOW, and_(window_where, not_paused)))
+        for reason, where in passes:
+            if budget <= 0:
+                return
+            with engine.connect() as conn:
+                with conn.begin():
+                    now = clock.now(conn)
+                    held = control_store.unrecorded_held_jobs(
+                        conn, storage_id, where, reason, budget
+                    )
+                for job in held:
+                    budget -= 1
+                    if _record_held_wait(conn, storage_id, job, controls, reason, now):
+                        report.waits_recorded += 1
+
+
+def _record_held_wait(
+    conn: Connection,
+    storage_id: bytes,
+    job: control_store.HeldJob,
+    controls: list[Control],
+    expected: WaitReason,
+    now: datetime,
+) -> bool:
+    in_force = tuple(control_rules.in_force(controls, storage_id, job.namespace_id, job.kind))
+    view = JobView(storage_id, job.namespace_id, job.kind, job.job_id)
+    reason = control_rules.first_wait(view, Situation(now=now, controls=in_force))
+    if reason is not expected:  # the query and the rules disagree: leave it to a worker
+        return False
+    if job.open_reason is not None:  # waiting for another reason until now: it switches now
+        since = now
+    else:
+        held = control_rules.held_since(in_force, reason, now)
+        since = control_rules.never_claimed_wait_start(job.updated_at, held, now)
+    with atomic(conn):
+        if not control_store.lock_if_pending_since(
+            conn, job.namespace_id, job.job_id, job.updated_at
+        ):
+            return False  # claimed (or changed) meanwhile: its worker decides
+        control_store.record_wait(conn, job.namespace_id, job.job_id, reason, since)
+    log_action(
+        log,
+        "archive.job.waiting",
+        namespace_id=job.namespace_id,
+        job_id=job.job_id,
+        storage_id=storage_id,
+        reason=reason.value,
+        since=since,
+        recorded_by="tick",
+    )
+    return True
 
 
 def _is_broker_error(exc: BaseException) -> bool:

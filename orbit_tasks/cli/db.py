@@ -2,19 +2,49 @@
 
 The same three commands for both chains; ``cli/sender.py`` mounts :data:`sender_db_group` under
 ``orbit sender``. docs/schema.md describes adoption and what is compared.
+
+Each says which database it used (issue 27): ``--json`` always carries ``location`` (the SQLite
+file's absolute path or the redacted URL, and the variable it came from); the human output adds
+a ``database:`` line when the variable is not set, i.e. when the command used the embedded
+default under ``ORBIT_VAR_DIR`` -- the one case where an operator may not know which database
+that was (``db upgrade`` there creates a new, empty SQLite file beside the demo's or the real one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import click
 from sqlalchemy import Engine
 
 from orbit_tasks.cli.common import emit, json_option
 from orbit_tasks.db.migrate import current, upgrade
-from orbit_tasks.db.registry import business_engine, platform_engine
+from orbit_tasks.db.registry import (
+    business_engine,
+    describe_database,
+    is_default_url,
+    platform_engine,
+)
 from orbit_tasks.db.schema_check import Chain, chain_spec, head_revision, inspect_schema
+from orbit_tasks.settings import get_settings
+
+VARIABLES: dict[Chain, str] = {
+    "platform": "ORBIT_DATABASE_URL",
+    "business": "ORBIT_SENDER_DATABASE_URL",
+}
+
+
+def _located(chain: Chain, data: dict[str, Any], human: str) -> tuple[dict[str, Any], str]:
+    """``data`` with the database's ``location``; ``human`` with a ``database:`` line when the
+    command used the default (its variable not set)."""
+    settings = get_settings()
+    variable = VARIABLES[chain]
+    url = settings.database_url if chain == "platform" else settings.sender_database_url
+    where = describe_database(url, variable)
+    if is_default_url(url, variable):
+        human = f"{human}\ndatabase: {where}"
+    return {**data, "location": where}, human
 
 
 def _commands(group: click.Group, chain: Chain, engine: Callable[..., Engine]) -> None:
@@ -25,7 +55,8 @@ def _commands(group: click.Group, chain: Chain, engine: Callable[..., Engine]) -
     @json_option
     def db_upgrade(as_json: bool) -> None:
         result = upgrade(engine(create=True), chain)  # the one command that creates a file
-        emit(result.to_json(), as_json, result.message())
+        data, human = _located(chain, result.to_json(), result.message())
+        emit(data, as_json, human)
 
     db_upgrade.help = (
         f"Create or upgrade {where}. Tables that already exist (created by hand from the seed DDL "
@@ -37,7 +68,8 @@ def _commands(group: click.Group, chain: Chain, engine: Callable[..., Engine]) -
     @json_option
     def db_check(as_json: bool) -> None:
         report = inspect_schema(engine(), chain)
-        emit(report.to_json(), as_json, "\n".join(report.lines()))
+        data, human = _located(chain, report.to_json(), "\n".join(report.lines()))
+        emit(data, as_json, human)
         if not report.ok:
             click.get_current_context().exit(1)
 
@@ -63,6 +95,7 @@ def _commands(group: click.Group, chain: Chain, engine: Callable[..., Engine]) -
             if recorded
             else f"{spec.database}: no revision recorded (head {head})"
         )
+        data, human = _located(chain, data, human)
         emit(data, as_json, human)
 
     db_current.help = f"Print the schema revision recorded in {where}."

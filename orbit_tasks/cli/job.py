@@ -155,8 +155,14 @@ def job_list(ns: str, state: str | None, limit: int, after: str | None, as_json:
             limit=limit,
             after=after,
         )
+        waits = control_store.open_waits(conn, namespace.id, [j.id for j in jobs])
+    items = []
+    for j in jobs:  # the open wait counts while the job is PENDING (as in `job show`)
+        reason = waits.get(j.id) if j.state is JobState.PENDING else None
+        items.append({**j.as_dict(), "waiting": reason} if as_json else
+                     {**j.as_dict(), "waiting": reason or "-"})  # fmt: skip
     emit_list(
-        [j.as_dict() for j in jobs],
+        items,
         as_json,
         [
             "id",
@@ -168,6 +174,7 @@ def job_list(ns: str, state: str | None, limit: int, after: str | None, as_json:
             "roots",
             "bytes",
             "created_at",
+            "waiting",
         ],
         next_cursor=nxt,
     )

@@ -34,14 +34,52 @@ class DatabaseMissing(OrbitError):
     """The embedded SQLite file of a database does not exist yet."""
 
 
+#: The variable -> (which database, the default file under ORBIT_VAR_DIR).
+DEFAULT_FILES = {
+    "ORBIT_DATABASE_URL": ("platform", "platform.sqlite3"),
+    "ORBIT_SENDER_DATABASE_URL": ("business", "business.sqlite3"),
+}
+
+
+def is_default_url(url: str, variable: str) -> bool:
+    """Whether ``url`` is the embedded default (``variable`` unset: the SQLite file under
+    ``ORBIT_VAR_DIR``)."""
+    entry = DEFAULT_FILES.get(variable)
+    return entry is not None and url == f"sqlite:///{get_settings().var_dir / entry[1]}"
+
+
+def describe_database(url: str, variable: str) -> str:
+    """Which database a command uses, for its first line or an error (issue 27): the SQLite
+    file's absolute path, or the redacted URL; and whether it is the default."""
+    parsed = parse_database_url(url, variable)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        where = str(Path(str(parsed.database)).resolve())
+    else:
+        where = redact_url(url)
+    if is_default_url(url, variable):
+        return f"{where} ({variable} is not set: the default under ORBIT_VAR_DIR)"
+    return f"{where} ({variable})"
+
+
 def _require_sqlite_file(url: str, variable: str, fix: str) -> None:
     parsed = parse_database_url(url, variable)  # a bad URL is named first (exit 2)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return
-    if not Path(str(parsed.database)).exists():
+    path = Path(str(parsed.database))
+    if path.exists():
+        return
+    if is_default_url(url, variable):
+        # Not `fix`: it would create a second, empty database beside the real one (issue 27).
+        which = DEFAULT_FILES[variable][0]
         raise DatabaseMissing(
-            f"{variable} {redact_url(url)!r}: the database file does not exist; run `{fix}`"
+            f"{variable} is not set and the default {which} database {path.resolve()} does not "
+            f"exist: set {variable} to your {which} database, or ORBIT_VAR_DIR=var/demo to "
+            f"look at the demo's (`{fix}` would create a new, empty database there)"
         )
+    raise DatabaseMissing(
+        f"{variable} {redact_url(url)!r}: the database file does not exist; check the path, "
+        f"or run `{fix}` to create a new, empty database there"
+    )
 
 
 def _engine(url: str, variable: str, fix: str, create: bool, lease_seconds: int) -> Engine:

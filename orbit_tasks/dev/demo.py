@@ -147,6 +147,9 @@ class Demo:
         finally:
             self.stop_all()
         self.say("\nDemo complete. Everything it made is under " + str(self.root))
+        job = self.items("job", "list", "acme")[0]["id"]
+        for line in closing_lines(self.root, Path.cwd(), job):
+            click.echo(line)
 
     def archive(self) -> None:
         self.say("1. Platform set-up (SQLite + local volume)")
@@ -298,6 +301,37 @@ def _answers(url: str) -> bool:
         return httpx.get(url + "/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def closing_lines(root: Path, cwd: Path, job_id: str) -> list[str]:
+    """What the demo prints last (issue 27): how to look at its state -- every command needs
+    ``ORBIT_VAR_DIR`` pointing at the demo's folder, since without it ``orbit`` uses the default
+    ``var/`` (another database, empty) -- and what to read or run next. The commands are ones
+    that work as printed, from ``cwd`` (the folder relative to it when it lies inside)."""
+    root = root.resolve()
+    try:
+        var_dir = str(root.relative_to(cwd.resolve()))
+    except ValueError:
+        var_dir = str(root)
+    volume = str(Path(var_dir) / "volume-a")
+    return [
+        "",
+        "Look at the demo's state: its databases are under its folder, so give every command",
+        f"ORBIT_VAR_DIR={var_dir} (without it `orbit` uses var/: another database, empty):",
+        f"  export ORBIT_VAR_DIR={var_dir}",
+        "  orbit job list acme                 # the archive jobs (state, roots, waiting)",
+        f"  orbit job show acme {job_id}   # one job: range, counters, waits",
+        f"  orbit job verify acme {job_id} --volume {volume}",
+        "  orbit sender list                   # the outbox rows and their states",
+        "  orbit archive controls              # pauses, throttles, windows in force",
+        "  orbit db current                    # says which database it read",
+        "(`orbit` is .venv/bin/orbit: `source .venv/bin/activate` puts it on the PATH.)",
+        "",
+        "What next:",
+        '  README.md "The archive cycle with the CLI alone": the same on MariaDB, from nothing',
+        "  docs/operations.md: the runbook (alerts, error codes, wait reasons)",
+        "  make test: the test suite (installs the test tools the demo does not need)",
+    ]
 
 
 DEMO_MARKER = ".orbit-demo"

@@ -55,6 +55,8 @@ EXTRA_METRICS = (
     "orbit_archive_plan_backlog_roots",
     "orbit_archive_plan_backlog_seconds",
     "orbit_archive_plan_interval_seconds",
+    "orbit_archive_pause_age_seconds",
+    "orbit_archive_pause_alert_after_seconds",
     "orbit_beat_leader",
     "orbit_beat_last_tick_age_seconds",
     "orbit_archive_storage_info",
@@ -116,6 +118,10 @@ class PlatformReading:
     waiting: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
     # every enabled plan's backlog (issue 25 item 4), probed as metrics/sources.py says
     backlogs: tuple[PlanBacklog, ...] = ()
+    # the pauses in force (issue 27): (scope key, since), and the age the alert fires at
+    # (ORBIT_ARCHIVE_PAUSE_ALERT_AFTER)
+    pauses: tuple[tuple[str, dt.datetime], ...] = ()
+    pause_alert_after_seconds: float = 86400.0
     # the beat leader's lease (issue 30 item 3); None before any beat ran
     beat: BeatReading | None = None
     # issue 27: each storage's label (the ``storage_label`` beside ``storage``), every
@@ -336,6 +342,20 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
             n = p.waiting.get((storage, reason.value), 0)
             waiting.add_metric([*_storage(p, storage), reason.value], float(n))
     yield waiting
+    ages = GaugeMetricFamily(
+        "orbit_archive_pause_age_seconds",
+        "Seconds each pause in force has been in force, by scope (storage/namespace/kind, * any)",
+        labels=["scope"],
+    )
+    for scope, since in p.pauses:
+        ages.add_metric([scope], _age(p.now, since))
+    yield ages
+    yield GaugeMetricFamily(
+        "orbit_archive_pause_alert_after_seconds",
+        "The age of a pause that raises OrbitArchivePauseForgotten "
+        "(ORBIT_ARCHIVE_PAUSE_ALERT_AFTER)",
+        value=p.pause_alert_after_seconds,
+    )
     for name, doc, value in (
         ("orbit_archive_plan_backlog_roots", "Roots settled and not yet archived by a SUCCEEDED "
          "job of the plan (exact up to 100000, extrapolated beyond)", lambda b: b.roots),

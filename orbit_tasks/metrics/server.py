@@ -45,7 +45,9 @@ def check_schema(platform: PlatformSource, business: BusinessSource | None) -> N
 def build_collector(settings: Settings, app: Any) -> OrbitCollector:
     timeout = settings.metrics_timeout_seconds
     platform = PlatformSource(
-        bounded_engine(settings.database_url, timeout), tick_seconds=settings.tick_seconds
+        bounded_engine(settings.database_url, timeout),
+        tick_seconds=settings.tick_seconds,
+        pause_alert_after_seconds=settings.archive_pause_alert_after_seconds,
     )
     business = None
     if settings.sender_database_configured:

@@ -114,8 +114,10 @@ class PlatformSource:
         clock: Callable[[], float] = time.monotonic,
         recount_seconds: float = RECOUNT_SECONDS,
         settle_seconds: int = SETTLE_SECONDS,
+        pause_alert_after_seconds: int = 86400,
     ) -> None:
         self.engine = engine
+        self.pause_alert_after = pause_alert_after_seconds
         self.tick_seconds = tick_seconds
         self.clock = clock
         self.recount_seconds = recount_seconds
@@ -150,13 +152,15 @@ class PlatformSource:
                 conn, storages, now - dt.timedelta(seconds=2 * self.tick_seconds)
             )
             waiting = control_store.waiting_counts(conn)
+            pauses = tuple((c.scope.key, c.since) for c in control_store.pauses_in_force(conn))
             backlogs = self._plan_backlogs(conn, now)
             beat = _beat_reading(conn, now)
             names = store.namespace_names(conn)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
         return replace(
             reading, waiting=waiting, backlogs=backlogs, storage_labels=registered.live,
-            namespace_names=names, retired=registered.retired, beat=beat,
+            namespace_names=names, retired=registered.retired, beat=beat, pauses=pauses,
+            pause_alert_after_seconds=float(self.pause_alert_after),
         )  # fmt: skip
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:

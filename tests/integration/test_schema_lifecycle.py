@@ -31,6 +31,7 @@ from orbit_tasks.db.migrations.platform import (
 )
 from orbit_tasks.db.platform_tables import metadata as platform_metadata
 from orbit_tasks.db.schema_check import head_revision
+from orbit_tasks.redaction import redact_url
 from orbit_tasks.sender import enqueue
 from tests.support.cli import invoke_orbit, orbit_env, run_orbit
 from tests.support.db import mariadb_database
@@ -240,7 +241,9 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
     with mariadb_database("orbit_chk") as url:
         env = orbit_env(url, url)
         current = invoke_orbit(["db", "current", "--json"], env)
-        assert json.loads(current.stdout) == {
+        located = json.loads(current.stdout)
+        assert located.pop("location") == f"{redact_url(url)} (ORBIT_DATABASE_URL)"
+        assert located == {
             "at_head": False,
             "database": "platform",
             "head": HEAD,

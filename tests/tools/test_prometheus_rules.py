@@ -30,13 +30,25 @@ REQUIRED = {
     "OrbitArchivePlansOverdue",
     "OrbitArchiveBacklogNotShrinking",
     "OrbitArchiveReplicaDiverged",
+    "OrbitArchivePauseForgotten",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
     "OrbitBeatTicksStopped",
 }
 # PromQL words that look like names but are functions, keywords or label names.
-PROMQL_WORDS = {"or", "and", "unless", "by", "without", "on", "ignoring", "delta", "label_replace"}
+PROMQL_WORDS = {
+    "or",
+    "and",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "delta",
+    "label_replace",
+    "group_left",
+}
 PROMTOOL = shutil.which("promtool")
 
 

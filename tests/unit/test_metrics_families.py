@@ -53,6 +53,7 @@ def _platform(**changes: Any) -> PlatformReading:
         pending_since={A: NOW - dt.timedelta(seconds=90)},
         plans_overdue={B: 2},
         backlogs=(PlanBacklog("acme", "events", 120.0, 3600.0, 86400),),
+        pauses=((f"{A.hex()}/*/*", NOW - dt.timedelta(hours=25)),),
         beat=BeatReading(holder="beat-a:7", epoch=3, leading=True, since_tick_seconds=1.5),
     )
     base.update(changes)
@@ -269,3 +270,15 @@ def test_storages_carry_their_label_and_retired_ones_drop_out() -> None:
     assert held == {
         (("namespace", "acme"), ("namespace_id", "ab" * 16), ("queue_id", "cd" * 16)): 42.5
     }
+
+
+def test_pause_ages_and_the_alert_age() -> None:
+    """Issue 27: one series per pause in force (its age at the reading's clock), and the age
+    the alert fires at; no pause: no age series, the alert age still served."""
+    scope = f"{A.hex()}/*/*"
+    m = _scrape(Snapshot(_platform(pause_alert_after_seconds=3600.0), None, None, False))
+    assert series(m, "orbit_archive_pause_age_seconds") == {(("scope", scope),): 25 * 3600.0}
+    assert value(m, "orbit_archive_pause_alert_after_seconds") == 3600.0
+    m = _scrape(Snapshot(_platform(pauses=()), None, None, False))
+    assert series(m, "orbit_archive_pause_age_seconds") == {}
+    assert value(m, "orbit_archive_pause_alert_after_seconds") == 86400.0

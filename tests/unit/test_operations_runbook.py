@@ -29,6 +29,7 @@ ALERTS = [
     "OrbitArchiveJobsFailed",
     "OrbitArchivePlansOverdue",
     "OrbitArchiveBacklogNotShrinking",
+    "OrbitArchivePauseForgotten",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
@@ -135,6 +135,14 @@ def pauses(conn: Connection) -> list[Scope]:
         )
     ).all()
     return [Scope(r.storage_id, r.namespace_id, r.kind) for r in rows]
+
+
+def pauses_in_force(conn: Connection) -> list[Control]:
+    """The pauses in force, oldest first (the exporter's ``orbit_archive_pause_age_seconds``)."""
+    rows = conn.execute(
+        select(C).where(C.c.control == ControlKind.PAUSE.value).order_by(C.c.since, C.c.scope)
+    ).all()
+    return [_control(r) for r in rows]
 
 
 def closed_windows(conn: Connection, now: datetime) -> list[Scope]:
@@ -357,6 +365,103 @@ def waiting_counts(conn: Connection) -> dict[tuple[bytes, str], int]:
         .group_by(J.c.storage_id, W.c.reason)
     ).all()
     return {(bytes(r[0]), str(r[1])): int(r[2]) for r in rows}
+
+
+def open_waits(conn: Connection, ns_id: bytes, job_ids: Sequence[bytes]) -> dict[bytes, str]:
+    """The open wait's reason of each of these jobs of one namespace that has one (``job
+    list``; point lookups on the primary key's prefix)."""
+    if not job_ids:
+        return {}
+    rows = conn.execute(
+        select(W.c.job_id, W.c.reason).where(
+            W.c.namespace_id == ns_id, W.c.job_id.in_(list(job_ids)), W.c.since.is_not(None)
+        )
+    ).all()
+    return {bytes(r.job_id): str(r.reason) for r in rows}
+
+
+# --- waits of jobs that were never claimed (issue 27) ---------------------------------------------
+
+
+class HeldJob(NamedTuple):
+    """A PENDING job a control holds, without an open wait for the reason it would wait for."""
+
+    namespace_id: bytes
+    job_id: bytes
+    kind: str
+    updated_at: datetime  # when it became PENDING (created, or released by its last claim)
+    open_reason: str | None  # the reason of the open wait it has instead, if any
+
+
+def held_where(storage_id: bytes, scopes: Iterable[Scope]) -> Any | None:
+    """A WHERE clause on ``orbit_archive_jobs`` picking the jobs on this storage that one of
+    ``scopes`` covers; None when none of them covers a job there (the opposite of
+    :func:`not_paused`)."""
+    parts = []
+    for p in scopes:
+        if p.storage_id not in (None, storage_id):
+            continue
+        if p.namespace_id is None:
+            return true()
+        cond = J.c.namespace_id == p.namespace_id
+        if p.kind is not None:
+            cond = and_(cond, J.c.kind == p.kind)
+        parts.append(cond)
+    return or_(*parts) if parts else None
+
+
+def unrecorded_held_jobs(
+    conn: Connection, storage_id: bytes, where: Any, reason: WaitReason, limit: int
+) -> list[HeldJob]:
+    """PENDING jobs on ``storage_id`` matching ``where`` (:func:`held_where`) with no open wait
+    for ``reason``, oldest first, at most ``limit``: on ``ix_archive_job_claim``, each joined to
+    its open wait by the waits' primary key. Jobs already recorded drop out, so a storage with
+    many held jobs is recorded over a few ticks and then costs one empty read per tick."""
+    if limit <= 0:
+        return []
+    rows = conn.execute(unrecorded_held_query(storage_id, where, reason, limit)).all()
+    return [
+        HeldJob(bytes(r[0]), bytes(r[1]), str(r[2]), r[3], None if r[4] is None else str(r[4]))
+        for r in rows
+    ]
+
+
+def unrecorded_held_query(storage_id: bytes, where: Any, reason: WaitReason, limit: int) -> Any:
+    """The statement of :func:`unrecorded_held_jobs` (EXPLAIN tests)."""
+    open_wait = and_(
+        W.c.namespace_id == J.c.namespace_id, W.c.job_id == J.c.id, W.c.since.is_not(None)
+    )
+    return (
+        select(J.c.namespace_id, J.c.id, J.c.kind, J.c.updated_at, W.c.reason)
+        .select_from(J.outerjoin(W, open_wait))
+        .where(
+            J.c.storage_id == storage_id,
+            J.c.state == JobState.PENDING.value,
+            where,
+            or_(W.c.reason.is_(None), W.c.reason != reason.value),
+        )
+        .order_by(J.c.lease_until, J.c.updated_at)
+        .limit(limit)
+    )
+
+
+def lock_if_pending_since(
+    conn: Connection, ns_id: bytes, job_id: bytes, updated_at: datetime
+) -> bool:
+    """Lock the job's row when it is still PENDING as it was read (``updated_at`` unchanged), so
+    that a claim cannot take it before the wait is written (a wait opened on a claimed job would
+    be closed only at its next claim). False: it was claimed or changed meanwhile."""
+    row = conn.execute(
+        select(J.c.id)
+        .where(
+            J.c.namespace_id == ns_id,
+            J.c.id == job_id,
+            J.c.state == JobState.PENDING.value,
+            J.c.updated_at == updated_at,
+        )
+        .with_for_update()
+    ).first()
+    return row is not None
 
 
 # --- the sweep's filter -------------------------------------------------------------------------
