@@ -20,7 +20,7 @@ import click
 from orbit_tasks.archive.restore.export import ExportFormat, export_window
 from orbit_tasks.archive.restore.run import uncovered
 from orbit_tasks.archive.restore.window import WindowRead, list_roots, settled_window
-from orbit_tasks.cli.common import json_option
+from orbit_tasks.cli.common import WordChoice, json_option
 from orbit_tasks.cli.restore import TIMESTAMP, _volumes
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.platform.history import history_kind
@@ -71,7 +71,7 @@ def _warn_uncovered(read: WindowRead) -> list[dict[str, str | None]]:
 @click.argument("kind")
 @_window_options
 @click.option(
-    "--format", "fmt", type=click.Choice([f.value for f in ExportFormat]), required=True,
+    "--format", "fmt", type=WordChoice([f.value for f in ExportFormat]), required=True,
     help="jsonl: the root lines as archived; parquet: typed columns (needs orbit-tasks[parquet]).",
 )  # fmt: skip
 @click.option("--out", "out", required=True, help="The file to write (never left half-written).")

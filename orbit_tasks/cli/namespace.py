@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from orbit_tasks.archive.jobs import TERMINAL_STATES, JobState
-from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import ReasonParam, emit, emit_list, iso_utc, json_option
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import IllegalState, InvalidInput
@@ -93,7 +93,12 @@ def checked_reason(reason: str) -> str:
 
 @namespace_group.command("retire")
 @click.argument("ns")
-@click.option("--reason", required=True, help="Why (1..500 characters, one line); recorded.")
+@click.option(
+    "--reason",
+    type=ReasonParam(500),
+    required=True,
+    help="Why (1..500 characters, one line); recorded.",
+)
 @json_option
 def namespace_retire(ns: str, reason: str, as_json: bool) -> None:
     """Retire namespace NS (name or id): it leaves `namespace list` (see --all) and the metrics,

@@ -62,7 +62,7 @@ from orbit_tasks.archive.s3_locations import (
     parse_s3_url,
 )
 from orbit_tasks.archive.store.controls import PLATFORM_NAMESPACE
-from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import ReasonParam, emit, emit_list, iso_utc, json_option
 from orbit_tasks.cli.namespace import (
     ACTIVE_JOB_STATES,
     RETIRED_COLUMNS,
@@ -438,7 +438,12 @@ def _location(s: dict[str, object]) -> str:
 
 @storage_group.command("retire")
 @click.argument("storage")
-@click.option("--reason", required=True, help="Why (1..500 characters, one line); recorded.")
+@click.option(
+    "--reason",
+    type=ReasonParam(500),
+    required=True,
+    help="Why (1..500 characters, one line); recorded.",
+)
 @json_option
 def storage_retire(storage: str, reason: str, as_json: bool) -> None:
     """Retire STORAGE (its id, or a label only one storage has): it leaves `storage list` (see
