@@ -23,7 +23,15 @@ from orbit_tasks.platform.store import get_namespace, resolve_namespace, storage
 from orbit_tasks.settings import get_settings
 
 
-@click.group("archive", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:archive_restore"})
+@click.group(
+    "archive",
+    cls=LazyGroup,
+    lazy={
+        "restore": "orbit_tasks.cli.restore:archive_restore",
+        "coverage": "orbit_tasks.cli.coverage:archive_coverage",
+        "scrub": "orbit_tasks.cli.scrub:archive_scrub",
+    },
+)
 def archive_group() -> None:
     """History archive."""
 
