@@ -55,6 +55,8 @@ EXTRA_METRICS = (
     "orbit_archive_plan_backlog_roots",
     "orbit_archive_plan_backlog_seconds",
     "orbit_archive_plan_interval_seconds",
+    "orbit_archive_scrub_oldest_verified_seconds",
+    "orbit_archive_scrub_failed_jobs",
 )
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
 
@@ -103,6 +105,10 @@ class PlatformReading:
     waiting: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
     # every enabled plan's backlog (issue 25 item 4), probed as metrics/sources.py says
     backlogs: tuple[PlanBacklog, ...] = ()
+    # issue 28 item 3, per storage over its SUCCEEDED jobs: the oldest last verification, and
+    # the jobs whose latest scrub did not verify
+    scrub_oldest: Mapping[bytes, dt.datetime] = field(default_factory=dict)
+    scrub_failed: Mapping[bytes, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -277,6 +283,17 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
             "Enabled plans due for more than two tick periods (beat not running, or a policy "
             "revision awaiting confirmation)",
             lambda s: float(p.plans_overdue.get(s, 0)),
+        ),
+        (
+            "orbit_archive_scrub_oldest_verified_seconds",
+            "Seconds since the least recently verified SUCCEEDED job of the storage last "
+            "verified from it (its latest verifying scrub, else its success), 0 if none",
+            lambda s: _age(p.now, p.scrub_oldest.get(s)),
+        ),
+        (
+            "orbit_archive_scrub_failed_jobs",
+            "SUCCEEDED jobs whose latest scrub found their files do not verify (issue 28)",
+            lambda s: float(p.scrub_failed.get(s, 0)),
         ),
     )
     for name, doc, value in per_storage:

@@ -148,8 +148,13 @@ class PlatformSource:
             )
             waiting = control_store.waiting_counts(conn)
             backlogs = self._plan_backlogs(conn, now)
+            scrubs = store.scrub_state(conn)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
-        return replace(reading, waiting=waiting, backlogs=backlogs)
+        return replace(
+            reading, waiting=waiting, backlogs=backlogs,
+            scrub_oldest={s: v[0] for s, v in scrubs.items()},
+            scrub_failed={s: v[1] for s, v in scrubs.items()},
+        )  # fmt: skip
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:
         """Every enabled plan's backlog: the range a job created now would have (its ``from`` =

@@ -30,6 +30,7 @@ REQUIRED = {
     "OrbitArchivePlansOverdue",
     "OrbitArchiveBacklogNotShrinking",
     "OrbitArchiveReplicaDiverged",
+    "OrbitArchiveScrubFailed",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",

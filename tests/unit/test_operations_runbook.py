@@ -29,6 +29,7 @@ ALERTS = [
     "OrbitArchiveJobsFailed",
     "OrbitArchivePlansOverdue",
     "OrbitArchiveBacklogNotShrinking",
+    "OrbitArchiveScrubFailed",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
