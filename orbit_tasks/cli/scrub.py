@@ -18,6 +18,7 @@ from orbit_tasks.archive.scrubs import ScrubOutcome, ScrubStop
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.cli.common import emit, json_option
 from orbit_tasks.cli.places import OpenedPlace, open_place
+from orbit_tasks.db.engine import single_statements
 from orbit_tasks.db.registry import platform_engine, source_engine
 from orbit_tasks.errors import ConflictError, InvalidInput
 from orbit_tasks.ids import from_hex
@@ -60,12 +61,17 @@ def archive_scrub(ns: str | None, job: str | None, volumes: tuple[str, ...], as_
     job_id = None if job is None else from_hex(job, "job id")
     with engine.connect() as conn:
         ns_id = None if ns is None else resolve_namespace(conn, ns).id
-        opened: list[OpenedPlace] = [open_place(conn, v) for v in volumes]
         target = None
         if job_id is not None:
             assert ns_id is not None
             target = job_store.require_job(conn, ns_id, job_id)
         conn.rollback()
+    opened: list[OpenedPlace] = []
+    for given in volumes:
+        # statements that commit by themselves: the S3 identity read after the registry's
+        # answer may outlast the idle-transaction bound (a quarter of the lease)
+        with engine.connect() as conn:
+            opened.append(open_place(single_statements(conn), given))
     if target is not None:
         if target.state is not JobState.SUCCEEDED:
             raise ConflictError(
