@@ -33,6 +33,7 @@ SCRIPTS = [
     "archive_from_tick",
     "replica_check",
     "archive_catchup",
+    "archive_scrub",
 ]
 
 
@@ -132,6 +133,15 @@ def _targets(docs: dict[str, dict[str, Any]]) -> list[str]:
              c["catch_up_over_pt_archiver_commit_each"] >= 1.0),
             ("25: the same backlog vs the same rows in one job", ">= 0.85x",
              f"{c['catch_up_over_one_job']}x", c["catch_up_over_one_job"] >= 0.85),
+        ]  # fmt: skip
+    sc = docs.get("archive_scrub")
+    if sc:
+        cov, bounded = sc["coverage"], sc["scrub"]["bounded"]
+        rows += [
+            (f"28: coverage of a plan of {cov['jobs']} jobs (one statement, in-process)", "-",
+             f"{cov['in_process_median_ms']} ms (the command: {cov['command_wall_s']} s)", True),
+            (f"28: scrub read rate vs its bound ({bounded['bound_bytes_per_s']} B/s)", "<= 1.1x",
+             f"{bounded['over_bound']}x", bounded["over_bound"] <= 1.1),
         ]  # fmt: skip
     if not rows:
         return []

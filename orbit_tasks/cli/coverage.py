@@ -5,6 +5,7 @@ yet archived (the plan preview's count). Reads only: one statement per plan for 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -13,7 +14,7 @@ from sqlalchemy import Connection
 from orbit_tasks.archive import coverage as rules
 from orbit_tasks.archive.engine.preview import PREVIEW_JOB_ID
 from orbit_tasks.archive.jobs import JobFailure
-from orbit_tasks.archive.ranges import Bound
+from orbit_tasks.archive.ranges import ArchiveRange, Bound
 from orbit_tasks.archive.store import coverage as store
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import plans as plan_store
@@ -63,9 +64,23 @@ def _hole_item(h: rules.Hole) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _backlog(conn: Connection, plan: plan_store.Plan) -> dict[str, Any]:
+Counter = Callable[[plan_store.Plan, ArchiveRange], int]
+
+
+def source_counter() -> Counter:
+    """Counts a backlog's roots on the archive's source (the replica when one is set), as the
+    plan preview does."""
+
+    def count(plan: plan_store.Plan, rng: ArchiveRange) -> int:
+        with source_engine().connect() as src:
+            return source.count_roots(src, plan.kind, plan.namespace_id, rng)
+
+    return count
+
+
+def _backlog(conn: Connection, plan: plan_store.Plan, count: Counter) -> dict[str, Any]:
     """The plan preview's backlog: roots settled before the policy's ``until`` and after the
-    greatest archived end (the range of a job created now), counted on the archive's source."""
+    greatest archived end (the range of a job created now)."""
     now = db_now(conn)
     try:
         rng = job_store.range_at(
@@ -77,12 +92,7 @@ def _backlog(conn: Connection, plan: plan_store.Plan) -> dict[str, Any]:
         "from": _bound(rng.start), "until": _bound(rng.end), "roots": None, "unavailable": None,
     }  # fmt: skip
     try:
-        src = source_engine()
-        if src is platform_engine():
-            doc["roots"] = source.count_roots(conn, plan.kind, plan.namespace_id, rng)
-        else:
-            with src.connect() as sconn:
-                doc["roots"] = source.count_roots(sconn, plan.kind, plan.namespace_id, rng)
+        doc["roots"] = count(plan, rng)
     except Exception as exc:
         if not is_transient_db(exc):
             raise
@@ -91,9 +101,9 @@ def _backlog(conn: Connection, plan: plan_store.Plan) -> dict[str, Any]:
 
 
 def plan_coverage(
-    conn: Connection, plan: plan_store.Plan, name: str, labels: dict[str, str]
+    conn: Connection, plan: plan_store.Plan, name: str, labels: dict[str, str], count: Counter
 ) -> dict[str, Any]:
-    """The coverage document of one plan."""
+    """The coverage document of one plan (``count``: the backlog's roots on the source)."""
     ranges = rules.archived_ranges(store.covered_jobs(conn, plan.namespace_id, plan.kind))
     found = rules.holes(ranges)
     return {
@@ -102,7 +112,7 @@ def plan_coverage(
         "gaps": [_hole_item(h) for h in found if h.kind is rules.HoleKind.GAP],
         "overlaps": [_hole_item(h) for h in found if h.kind is rules.HoleKind.OVERLAP],
         "roots": sum(r.job.roots for r in ranges), "bytes": sum(r.job.bytes for r in ranges),
-        "backlog": _backlog(conn, plan),
+        "backlog": _backlog(conn, plan, count),
     }  # fmt: skip
 
 
@@ -168,6 +178,7 @@ def archive_coverage(ns: str | None, kind: str | None, everything: bool, as_json
         raise InvalidInput("give NS KIND (a namespace and a history kind), or --all")
     if kind is not None:
         history_kind(kind)  # unknown: one line with the allowed kinds, exit 2
+    count = source_counter()
     with platform_engine().connect() as conn:
         labels = {s["storage_id"]: str(s["label"] or "") for s in list_storages(conn)}
         if everything:
@@ -175,14 +186,16 @@ def archive_coverage(ns: str | None, kind: str | None, everything: bool, as_json
             plans = sorted(
                 plan_store.list_plans(conn), key=lambda p: (names.get(p.namespace_id, ""), p.kind)
             )
-            docs = [plan_coverage(conn, p, names.get(p.namespace_id, ""), labels) for p in plans]
+            docs = [
+                plan_coverage(conn, p, names.get(p.namespace_id, ""), labels, count) for p in plans
+            ]
         else:
             assert ns is not None and kind is not None
             namespace = resolve_namespace(conn, ns)
             plan = plan_store.get_plan(conn, namespace.id, kind)
             if plan is None:
                 raise NotFound(f"namespace {namespace.name!r} has no {kind} plan")
-            docs = [plan_coverage(conn, plan, namespace.name, labels)]
+            docs = [plan_coverage(conn, plan, namespace.name, labels, count)]
         conn.rollback()  # read only
     ok = all(d["ok"] for d in docs)
     if as_json:
