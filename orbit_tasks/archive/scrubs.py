@@ -43,6 +43,7 @@ class ScrubStop(StrEnum):
     BUSY = "busy"  # another scrub holds the storage's lease
     OFF = "off"  # ORBIT_ARCHIVE_SCRUB_DAYS=0
     LEASE_LOST = "lease_lost"  # the lease expired under it and another scrub took the storage
+    IO_ERROR = "io_error"  # the storage did not answer (not a verdict on the files: retried)
 
 
 def last_verified(succeeded_at: datetime, verified_at: datetime | None, scrubbed: bool) -> datetime:

@@ -33,6 +33,7 @@ _REFUSED = {
     ScrubStop.DB_LOAD: "storage {storage}: the database is over its load guard",
     ScrubStop.LEASE_LOST: "storage {storage}: the scrub's lease was lost to another scrub",
 }
+_FAILED = {ScrubStop.IO_ERROR: "storage {storage} could not be read (I/O error); nothing recorded"}
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -116,16 +117,22 @@ def archive_scrub(ns: str | None, job: str | None, volumes: tuple[str, ...], as_
             "refused: "
             + _REFUSED[rep.stop].format(storage=rep.storage_id.hex(), holder=rep.holder or "?")
         )
+    unreadable = [rep for rep in reports if rep.stop in _FAILED]
+    for rep in unreadable:
+        lines.append("failed: " + _FAILED[rep.stop].format(storage=rep.storage_id.hex()))
     off = [rep for rep in reports if rep.stop is ScrubStop.OFF]
     if off:
         lines.append("scheduled scrub is off (ORBIT_ARCHIVE_SCRUB_DAYS=0): nothing is due")
-    elif not results and not refused:
+    elif not results and not refused and not unreadable:
         lines.append("ok: nothing due")
     emit(
-        {"ok": not bad and not refused, "results": results, "storages": stops, "failed": bad},
+        {
+            "ok": not bad and not refused and not unreadable, "results": results,
+            "storages": stops, "failed": bad,
+        },
         as_json, "\n".join(lines),
     )  # fmt: skip
-    if bad:
+    if bad or unreadable:
         raise SystemExit(1)
     if refused:
         raise SystemExit(3)

@@ -258,8 +258,8 @@ def test_scrapes_inside_the_cache_window_cost_one_read(mariadb_url: str) -> None
                 first = parse(httpx.get(url, timeout=30).text)
                 one_read = (len(p_sql), len(b_sql))
                 # see PlatformSource/BusinessSource (8: the enabled plans of the backlog gauge;
-                # no enabled plan here, so no range and probe statements)
-                assert one_read == (8, 5), (p_sql, b_sql)
+                # no enabled plan here, so no range and probe statements; 9: the scrub gauges)
+                assert one_read == (9, 5), (p_sql, b_sql)
                 clock[0] = 14.9  # still inside the window
                 second = parse(httpx.get(url, timeout=30).text)
                 assert (len(p_sql), len(b_sql)) == one_read

@@ -43,6 +43,7 @@ from orbit_tasks.archive.controls import WaitReason
 from orbit_tasks.archive.engine import gate
 from orbit_tasks.archive.engine.storage import JobFiles, Place, open_storage
 from orbit_tasks.archive.engine.verify import verify_job_dir
+from orbit_tasks.archive.engine.volume import ArchiveIOError
 from orbit_tasks.archive.format.manifest import decode_manifest
 from orbit_tasks.archive.format.names import parse_name
 from orbit_tasks.archive.format.values import FormatError
@@ -151,7 +152,14 @@ class _Reader:
 
     def read(self, name: str) -> bytes:
         self.check()
-        data = self.inner.read(name)
+        try:
+            data = self.inner.read(name)
+        except FileNotFoundError:
+            raise  # a missing file is damage: the verifier names it
+        except ArchiveIOError:
+            # an unreadable storage (an S3 outage past its retries, an EIO) is no verdict on
+            # the file: the pass ends, nothing is recorded, the job stays due
+            raise _Stop(ScrubStop.IO_ERROR) from None
         self.files += 1
         self.bytes += len(data)
         parsed = parse_name(name)
