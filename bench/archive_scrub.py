@@ -112,7 +112,7 @@ def coverage(engine: Any, url: str, ns: bytes, repeat: int) -> dict[str, Any]:
             assert plan is not None
             return plan_coverage(
                 conn, plan, "cov", {},
-                lambda p, rng: source.count_roots(conn, p.kind, p.namespace_id, rng),
+                lambda c, p, rng: source.count_roots(c, p.kind, p.namespace_id, rng),
             )  # fmt: skip
 
     doc = once()

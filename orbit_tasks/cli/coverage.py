@@ -64,18 +64,18 @@ def _hole_item(h: rules.Hole) -> dict[str, Any]:
     }  # fmt: skip
 
 
-Counter = Callable[[plan_store.Plan, ArchiveRange], int]
+Counter = Callable[[Connection, plan_store.Plan, ArchiveRange], int]
 
 
-def source_counter() -> Counter:
-    """Counts a backlog's roots on the archive's source (the replica when one is set), as the
-    plan preview does."""
-
-    def count(plan: plan_store.Plan, rng: ArchiveRange) -> int:
-        with source_engine().connect() as src:
-            return source.count_roots(src, plan.kind, plan.namespace_id, rng)
-
-    return count
+def source_count(conn: Connection, plan: plan_store.Plan, rng: ArchiveRange) -> int:
+    """A backlog's roots on the archive's source, as the plan preview counts them: on the
+    platform connection itself when there is no replica (SQLite: no second connection), else
+    on the replica."""
+    src = source_engine()
+    if src is platform_engine():
+        return source.count_roots(conn, plan.kind, plan.namespace_id, rng)
+    with src.connect() as replica:
+        return source.count_roots(replica, plan.kind, plan.namespace_id, rng)
 
 
 def _backlog(conn: Connection, plan: plan_store.Plan, count: Counter) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def _backlog(conn: Connection, plan: plan_store.Plan, count: Counter) -> dict[st
         "from": _bound(rng.start), "until": _bound(rng.end), "roots": None, "unavailable": None,
     }  # fmt: skip
     try:
-        doc["roots"] = count(plan, rng)
+        doc["roots"] = count(conn, plan, rng)
     except Exception as exc:
         if not is_transient_db(exc):
             raise
@@ -178,7 +178,7 @@ def archive_coverage(ns: str | None, kind: str | None, everything: bool, as_json
         raise InvalidInput("give NS KIND (a namespace and a history kind), or --all")
     if kind is not None:
         history_kind(kind)  # unknown: one line with the allowed kinds, exit 2
-    count = source_counter()
+    count = source_count
     with platform_engine().connect() as conn:
         labels = {s["storage_id"]: str(s["label"] or "") for s in list_storages(conn)}
         if everything:
