@@ -331,3 +331,33 @@ def test_scrub_bad_input_is_one_line_and_writes_nothing(ae: ArchiveEnv, tmp_path
         )  # fmt: skip
         assert_one_line_error(proc, code, needle)
     assert _snapshot(ae.engine) == before
+
+
+@pytest.mark.mariadb
+def test_with_self_repair_on_a_flipped_byte_is_rebuilt_from_the_source_and_verified(
+    ae: ArchiveEnv, tmp_path: Path
+) -> None:
+    vol = tmp_path / "vol"
+    scene = archive_scene(ae.engine, name="mend", volume=vol, roots=30, batch_size=5)
+    job = _archived(ae, scene.ns, "tasks", {scene.storage.hex(): vol})
+    damaged = _batch(vol, job, 3)
+    original = damaged.read_bytes()
+    _flip(damaged)
+    env = {**ae.env, "ORBIT_ARCHIVE_SCRUB_REPAIR": "1"}
+    proc = subprocess.run(
+        [ORBIT, "archive", "scrub", "mend", job.id.hex(), "--volume", str(vol), "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["outcome"] == "repaired" and result["first_bad_file"] == damaged.name
+    assert damaged.read_bytes() == original  # the original bytes, proven by the chain
+    row = _scrub(ae.engine, job)
+    assert row is not None and row.outcome.value == "repaired" and row.verified_at is not None
+    with ae.engine.connect() as conn:
+        actions = [
+            a for (a,) in conn.execute(
+                select(audit_events.c.action).where(audit_events.c.target_id == job.id.hex())
+            )
+        ]  # fmt: skip
+    assert actions == ["archive.job.repair"]  # repaired: no scrub failure to page for
