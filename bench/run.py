@@ -34,6 +34,7 @@ SCRIPTS = [
     "replica_check",
     "archive_catchup",
     "archive_find",
+    "archive_scrub",
 ]
 
 
@@ -144,6 +145,16 @@ def _targets(docs: dict[str, dict[str, Any]]) -> list[str]:
              f"(a scan: {f.get('scan_seconds_over_find_p50', '-')}x the p50)",
              hit["files_read_max"] <= 3)
         )  # fmt: skip
+
+    sc = docs.get("archive_scrub")
+    if sc:
+        cov, bounded = sc["coverage"], sc["scrub"]["bounded"]
+        rows += [
+            (f"28: coverage of a plan of {cov['jobs']} jobs (one statement, in-process)", "-",
+             f"{cov['in_process_median_ms']} ms (the command: {cov['command_wall_s']} s)", True),
+            (f"28: scrub read rate vs its bound ({bounded['bound_bytes_per_s']} B/s)", "<= 1.1x",
+             f"{bounded['over_bound']}x", bounded["over_bound"] <= 1.1),
+        ]  # fmt: skip
     if not rows:
         return []
     out = ["## Targets (issues 8, 17, 19, 24, 25, 28)", "", "| target | wanted | measured | |"]

@@ -50,6 +50,17 @@ ARCHIVE_STALLS = Counter(
     "Archive jobs failed as STALLED at a takeover (too many takeovers without a new file)",
     ["storage"],
 )
+ARCHIVE_SCRUB_FAILURES = Counter(
+    "orbit_archive_scrub_failures",
+    "Scrubs of a SUCCEEDED archive job whose chain did not verify from its storage (issue 28)",
+    ["storage"],
+)
+ARCHIVE_SCRUB_BYTES = Counter(
+    "orbit_archive_scrub_read_bytes",
+    "Bytes the scheduled scrub read back from a storage (its rate: ORBIT_ARCHIVE_SCRUB_BYTES_"
+    "PER_SECOND)",
+    ["storage"],
+)
 
 # The families a scrape of `orbit metrics serve` carries from these (counters get `_total`).
 FAMILIES = (
@@ -58,6 +69,8 @@ FAMILIES = (
     "orbit_sender_accept_lag_seconds",
     "orbit_archive_takeovers_total",
     "orbit_archive_stalls_total",
+    "orbit_archive_scrub_failures_total",
+    "orbit_archive_scrub_read_bytes_total",
 )
 
 

@@ -77,6 +77,12 @@ class Settings:
     # ORBIT_BEAT_LEASE_SECONDS (issue 30 item 3): the beat leader's lease; None = three quarters
     # of the shortest tick period (orbit_tasks/beat/rules.py).
     beat_lease_seconds: int | None = None
+    # Issue 28 item 3 (docs/operations.md "Scrub"): re-verify every SUCCEEDED job this many days
+    # after its last verification (0 = off), reading at most this many bytes per second of one
+    # storage, and rebuild what does not verify from the source (ORBIT_ARCHIVE_SCRUB_REPAIR).
+    archive_scrub_days: int = 30
+    archive_scrub_bytes_per_second: int = 8 * 1024 * 1024
+    archive_scrub_repair: bool = False
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -240,6 +246,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             if not env.get("ORBIT_BEAT_LEASE_SECONDS")
             else _int(env, "ORBIT_BEAT_LEASE_SECONDS", 0, 1, 30)
         ),
+        archive_scrub_days=_scrub_days(env, "ORBIT_ARCHIVE_SCRUB_DAYS"),
+        archive_scrub_bytes_per_second=_rate(env, "ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND"),
+        archive_scrub_repair=_switch(env, "ORBIT_ARCHIVE_SCRUB_REPAIR", False),
     )
 
 
@@ -261,6 +270,39 @@ def _pause_alert_after(env: Mapping[str, str]) -> int:
     if not lo <= seconds <= hi:
         raise InvalidInput(f"{PAUSE_ALERT_AFTER}={raw} is out of range ({allowed})")
     return seconds
+
+
+#: ORBIT_ARCHIVE_SCRUB_DAYS: the default period and its range (0 or off: no scheduled scrub).
+SCRUB_DAYS_DEFAULT, SCRUB_DAYS_MAX = 30, 3650
+#: ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND: the default read rate of one storage and its range.
+SCRUB_RATE_DEFAULT, SCRUB_RATE_MIN, SCRUB_RATE_MAX = 8 * 1024**2, 64 * 1024, 1024**3
+
+
+def _scrub_days(env: Mapping[str, str], name: str) -> int:
+    """Days between two verifications of a job: 1..3650, or 0/off (no scheduled scrub)."""
+    raw = (env.get(name) or "").strip()
+    if raw.lower() == "off":
+        return 0
+    return _int(env, name, SCRUB_DAYS_DEFAULT, 0, SCRUB_DAYS_MAX)
+
+
+def _rate(env: Mapping[str, str], name: str) -> int:
+    """A size per second: ``8MiB``, ``8MiB/s`` or bytes (64KiB..1GiB per second)."""
+    raw = (env.get(name) or "").strip()
+    if raw == "":
+        return SCRUB_RATE_DEFAULT
+    allowed = (
+        f"allowed {units.format_size(SCRUB_RATE_MIN)}..{units.format_size(SCRUB_RATE_MAX)} "
+        "per second, e.g. 8MiB/s"
+    )
+    text = raw[:-2] if raw.endswith("/s") else raw
+    try:
+        value = units.parse_size(text, name)
+    except InvalidInput:
+        raise InvalidInput(f"{name}={raw!r} is not a size per second ({allowed})") from None
+    if not SCRUB_RATE_MIN <= value <= SCRUB_RATE_MAX:
+        raise InvalidInput(f"{name}={raw} is out of range ({allowed})")
+    return value
 
 
 def _operator(env: Mapping[str, str]) -> str:

@@ -93,6 +93,50 @@ def index_job(namespace_hex: str, job_hex: str) -> str:
     return "built" if built.written else "indexed"
 
 
+#: The scrub's own time limits (issue 28): a job is verified in one go at the storage's bounded
+#: read rate (1 GiB at the lowest rate, 64 KiB/s, is ~4.6 h); its lease is renewed every second
+#: while it reads, so a dead worker's storage is free again after one lease.
+SCRUB_TIME_LIMIT = 6 * 3600
+
+
+@app.task(
+    name="orbit.archive.scrub", acks_late=True, ignore_result=True,
+    time_limit=SCRUB_TIME_LIMIT, soft_time_limit=SCRUB_TIME_LIMIT - 60,
+)  # fmt: skip
+def scrub(storage_hex: str) -> str:
+    """Re-verify the due jobs of one storage this worker serves (docs/operations.md "Scrub")."""
+    # Imported here: as in run_job (the verifier, the store and SQLAlchemy).
+    from orbit_tasks.archive.engine import runner
+    from orbit_tasks.archive.engine import scrub as scrubbing
+    from orbit_tasks.archive.wakeups import publish_scrub
+    from orbit_tasks.db.faults import driver_code, is_transient_db
+    from orbit_tasks.db.registry import platform_engine, source_engine
+
+    place = runner.parse_volumes(os.environ.get(VOLUMES_ENV)).get(storage_hex)
+    if place is None:
+        log_action(log, "archive.scrub.not_mounted", storage_id=storage_hex)
+        return "not_mounted"
+    settings = get_settings()
+    try:
+        report = scrubbing.scrub_storage(
+            platform_engine(), bytes.fromhex(storage_hex), place, settings,
+            publish=publish_scrub, slice_seconds=settings.archive_slice_seconds,
+            source_engine=source_engine(),
+        )  # fmt: skip
+    except SoftTimeLimitExceeded:
+        log_action(log, "archive.scrub.time_limit", logging.WARNING, storage_id=storage_hex)
+        return "time_limit"
+    except Exception as exc:
+        if not is_transient_db(exc):
+            raise
+        log_action(
+            log, "archive.scrub.transient", logging.WARNING, storage_id=storage_hex,
+            error=type(exc).__name__, code=driver_code(exc),
+        )  # fmt: skip
+        return "transient"
+    return report.stop.value
+
+
 @task_failure.connect(sender=run_job)
 def _child_lost(exception: BaseException | None = None, args: Any = None, **_: Any) -> None:
     """In the worker's main process: the pool child that ran this delivery died (SIGKILL, OOM).

@@ -37,10 +37,18 @@ from orbit_tasks.archive import controls as control_rules
 from orbit_tasks.archive import plans as plan_rules
 from orbit_tasks.archive.controls import Control, JobView, Scope, Situation, WaitReason
 from orbit_tasks.archive.plans import TickAction
+from orbit_tasks.archive.scrubs import due_before
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import indexes as index_store
 from orbit_tasks.archive.store import plans as plan_store
-from orbit_tasks.archive.wakeups import Publisher, publish_index_wakeup, publish_wakeup
+from orbit_tasks.archive.store import scrubs as scrub_store
+from orbit_tasks.archive.wakeups import (
+    Publisher,
+    ScrubPublisher,
+    publish_index_wakeup,
+    publish_scrub,
+    publish_wakeup,
+)
 from orbit_tasks.db.engine import DB_CLOCK, Clock, atomic
 from orbit_tasks.db.faults import driver_code, is_transient_db
 from orbit_tasks.errors import TransientError
@@ -72,6 +80,7 @@ class TickReport:
     paused_storages: int = 0  # storages paused as a whole: no wake-ups published for them
     index_wakeups_published: int = 0  # issue 28: SUCCEEDED jobs woken to build their id index
     waits_recorded: int = 0  # held jobs (paused, outside their window) whose wait was recorded
+    scrub_wakeups: int = 0  # storages with a job due for its scrub (issue 28), woken
     now: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +101,7 @@ def run_tick(
     *,
     clock: Clock = DB_CLOCK,
     publish_index: Publisher | None = None,
+    scrub_publish: ScrubPublisher = publish_scrub,
 ) -> TickReport:
     """One tick. Transient database or broker faults are logged and raised as TransientError
     (nothing is half-done: committed jobs are found again by the next tick's sweep).
@@ -123,10 +133,12 @@ def run_tick(
         _sweep_and_publish(engine, storages, paused, closed, budget, publish, clock, report)
         if publish_index is not None:
             _wake_indexing(engine, storages, paused + closed, publish_index, report)
+        stage = "scrub"
+        _wake_scrubs(engine, storages, paused + closed, settings, scrub_publish, clock, report)
     except TransientError:
         raise
     except Exception as exc:
-        if stage == "sweep" and _is_broker_error(exc):
+        if stage in ("sweep", "scrub") and _is_broker_error(exc):
             log_action(
                 log,
                 "archive.tick.failed",
@@ -483,3 +495,33 @@ def _wake_indexing(
                 log, "archive.index.wakeup", storage_id=storage_id, namespace_id=ns_id,
                 job_id=job_id, kind=kind,
             )  # fmt: skip
+
+
+def _wake_scrubs(
+    engine: Engine,
+    storages: list[bytes],
+    held: list[Scope],
+    settings: Settings,
+    publish: ScrubPublisher,
+    clock: Clock,
+    report: TickReport,
+) -> None:
+    """Issue 28 item 3: one scrub wake-up to each storage's queue that has a job due for its
+    scrub, unless the storage is held as a whole (a pause, a closed window) or a scrub holds its
+    lease now (that pass continues itself). The database decides who scrubs: the wake-up only
+    makes a worker serving the storage try its lease (``store/scrubs.py``)."""
+    days = settings.archive_scrub_days
+    if days == 0:
+        return
+    for storage_id in storages:
+        if control_store.not_paused(storage_id, held) is None:
+            continue
+        with engine.connect() as conn:
+            now = clock.now(conn)
+            if scrub_store.lease_holder(conn, storage_id, clock) is not None:
+                continue
+            due = scrub_store.any_due(conn, storage_id, due_before(now, days))
+        if due:
+            publish(storage_id)
+            report.scrub_wakeups += 1
+            log_action(log, "archive.scrub.wakeup", storage_id=storage_id)

@@ -15,6 +15,7 @@ from orbit_tasks.queues import CONTROL_QUEUE, queue_name
 RUN_JOB_TASK = "orbit.archive.run_job"
 TICK_TASK = "orbit.archive.tick"
 INDEX_JOB_TASK = "orbit.archive.index_job"  # issue 28: build a SUCCEEDED job's id index
+SCRUB_TASK = "orbit.archive.scrub"  # issue 28: re-verify a storage's due jobs, on its queue
 
 
 class Publisher(Protocol):
@@ -96,3 +97,31 @@ def publish_tick(expires_seconds: float, app: Any = None) -> None:
         # Imported here: the Celery app (~0.12 s) only when a wake-up is really sent.
         from orbit_tasks.celery_app import app as sender
     sender.send_task(TICK_TASK, queue=CONTROL_QUEUE, expires=max(1.0, float(expires_seconds)))
+
+
+class ScrubPublisher(Protocol):
+    """Sends one scrub wake-up for a storage (issue 28 item 3), to that storage's queue."""
+
+    def __call__(self, storage_id: bytes) -> None: ...
+
+
+def make_scrub_publisher(app: Any) -> ScrubPublisher:
+    """A scrub publisher bound to the Celery ``app`` (tests use an app on their own broker)."""
+
+    def publish(storage_id: bytes) -> None:
+        app.send_task(
+            SCRUB_TASK,
+            args=[storage_id.hex()],
+            queue=queue_name(storage_id),
+            argsrepr=f"(storage={storage_id.hex()})",
+        )
+
+    return publish
+
+
+def publish_scrub(storage_id: bytes) -> None:
+    """Send one ``orbit.archive.scrub`` wake-up through the deployment's broker."""
+    # Imported here: the Celery app (~0.12 s) only when a wake-up is really sent.
+    from orbit_tasks.celery_app import app
+
+    make_scrub_publisher(app)(storage_id)

@@ -40,6 +40,8 @@ from orbit_tasks.settings import get_settings
         "roots": "orbit_tasks.cli.export:archive_roots",
         "find": "orbit_tasks.cli.find:archive_find",
         "index": "orbit_tasks.cli.find:archive_index",
+        "coverage": "orbit_tasks.cli.coverage:archive_coverage",
+        "scrub": "orbit_tasks.cli.scrub:archive_scrub",
     },
 )
 def archive_group() -> None:

@@ -482,6 +482,47 @@ job_indexes = Table(
     **MYSQL_TABLE,
 )
 
+# Revision p0010 (issue 28 item 3): the scheduled scrub -- the latest re-verification of each
+# SUCCEEDED job from its storage, and the one lease per storage that decides who scrubs it.
+archive_scrubs = Table(
+    "orbit_archive_scrubs",
+    metadata,
+    Column("namespace_id", Id16(), nullable=False),
+    Column("job_id", Id16(), nullable=False, comment="the job of orbit_archive_jobs"),
+    Column("storage_id", Id16(), nullable=False, comment="the storage the files were read from"),
+    Column("checked_at", DateTime6(), nullable=False, comment="the latest scrub ended"),
+    Column("outcome", Ascii(16), nullable=False, comment="ok, bad or repaired"),
+    Column("verified_at", DateTime6(), nullable=True, comment="the latest scrub that verified"),
+    Column("first_bad_file", Str(300), nullable=False, server_default=text("''")),
+    Column("reason", Str(255), nullable=False, server_default=text("''")),
+    Column("files_read", UInt(), nullable=False, comment="files read by the latest scrub"),
+    Column("bytes_read", UBigInt(), nullable=False, comment="bytes read by the latest scrub"),
+    Column("read_ms", UBigInt(), nullable=False, comment="its duration, sleeps included"),
+    Column("failures", UInt(), nullable=False, comment="scrubs of the job that did not verify"),
+    Column("range_from", DateTime6(), nullable=True, comment="the verified manifest's range"),
+    Column("from_id", Id16(), nullable=True),
+    Column("range_until", DateTime6(), nullable=True),
+    Column("until_id", Id16(), nullable=True),
+    PrimaryKeyConstraint("namespace_id", "job_id"),
+    Index("ix_archive_scrub_storage", "storage_id", "verified_at"),
+    CheckConstraint("outcome IN ('ok','bad','repaired')", name="ck_archive_scrub_outcome"),
+    comment="latest scrub of each archive job (issue 28): its outcome and what it read",
+    **MYSQL_TABLE,
+)
+
+archive_scrub_leases = Table(
+    "orbit_archive_scrub_leases",
+    metadata,
+    Column("storage_id", Id16(), nullable=False),
+    Column("lease_id", Id16(), nullable=True, comment="the scrub holding the storage, or none"),
+    Column("lease_until", DateTime6(), nullable=True),
+    Column("holder", Str(255), nullable=False, server_default=text("''")),
+    Column("updated_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("storage_id"),
+    comment="one scrub at a time per storage (issue 28): its bounded read rate holds",
+    **MYSQL_TABLE,
+)
+
 # Revision p0012 (issue 30 item 3): the beat leader. Several `orbit beat` processes may run; the
 # one holding this lease publishes the ticks (docs/operations.md "Several beats").
 beat_leaders = Table(

@@ -60,6 +60,8 @@ EXTRA_METRICS = (
     "orbit_beat_leader",
     "orbit_beat_last_tick_age_seconds",
     "orbit_archive_storage_info",
+    "orbit_archive_scrub_oldest_verified_seconds",
+    "orbit_archive_scrub_failed_jobs",
 )
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
 
@@ -130,6 +132,10 @@ class PlatformReading:
     storage_labels: Mapping[bytes, str] = field(default_factory=dict)
     namespace_names: Mapping[str, str] = field(default_factory=dict)
     retired: frozenset[bytes] = frozenset()
+    # issue 28 item 3, per storage over its SUCCEEDED jobs: the oldest last verification, and
+    # the jobs whose latest scrub did not verify
+    scrub_oldest: Mapping[bytes, dt.datetime] = field(default_factory=dict)
+    scrub_failed: Mapping[bytes, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -325,6 +331,17 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
             "Enabled plans due for more than two tick periods (beat not running, or a policy "
             "revision awaiting confirmation)",
             lambda s: float(p.plans_overdue.get(s, 0)),
+        ),
+        (
+            "orbit_archive_scrub_oldest_verified_seconds",
+            "Seconds since the least recently verified SUCCEEDED job of the storage last "
+            "verified from it (its latest verifying scrub, else its success), 0 if none",
+            lambda s: _age(p.now, p.scrub_oldest.get(s)),
+        ),
+        (
+            "orbit_archive_scrub_failed_jobs",
+            "SUCCEEDED jobs whose latest scrub found their files do not verify (issue 28)",
+            lambda s: float(p.scrub_failed.get(s, 0)),
         ),
     )
     for name, doc, value in per_storage:

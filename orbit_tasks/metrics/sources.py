@@ -156,11 +156,14 @@ class PlatformSource:
             backlogs = self._plan_backlogs(conn, now)
             beat = _beat_reading(conn, now)
             names = store.namespace_names(conn)
+            scrubs = store.scrub_state(conn)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
         return replace(
             reading, waiting=waiting, backlogs=backlogs, storage_labels=registered.live,
             namespace_names=names, retired=registered.retired, beat=beat, pauses=pauses,
             pause_alert_after_seconds=float(self.pause_alert_after),
+            scrub_oldest={s: v[0] for s, v in scrubs.items()},
+            scrub_failed={s: v[1] for s, v in scrubs.items()},
         )  # fmt: skip
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:

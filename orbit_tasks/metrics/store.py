@@ -24,10 +24,13 @@ from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
 
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.ranges import ArchiveRange
+from orbit_tasks.archive.scrubs import ScrubOutcome
+from orbit_tasks.archive.store import scrubs as scrub_store
 from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
 from orbit_tasks.db.platform_tables import (
     archive_jobs,
     archive_plans,
+    archive_scrubs,
     archive_storages,
     namespaces,
     retirements,
@@ -203,6 +206,32 @@ def overdue_plans(
     return {
         bytes(r.storage_id): int(r.plans)
         for r in conn.execute(overdue_plans_query(storages, due_before))
+    }
+
+
+def scrub_state_query() -> Select[Any]:
+    """Per storage, over its SUCCEEDED jobs (issue 28 item 3): the oldest last verification
+    (a job's latest verifying scrub, else its success) and the jobs whose latest scrub did not
+    verify. One grouped statement per refresh over the SUCCEEDED jobs joined to their scrubs."""
+    S = archive_scrubs.c
+    on = and_(S.namespace_id == J.namespace_id, S.job_id == J.id)
+    return (
+        select(
+            J.storage_id,
+            func.min(scrub_store.last_verified_sql()).label("oldest"),
+            func.sum(case((S.outcome == ScrubOutcome.BAD.value, 1), else_=0)).label("failed"),
+        )
+        .select_from(archive_jobs.outerjoin(archive_scrubs, on))
+        .where(J.state == JobState.SUCCEEDED.value)
+        .group_by(J.storage_id)
+    )
+
+
+def scrub_state(conn: Connection) -> dict[bytes, tuple[dt.datetime, int]]:
+    """storage -> (oldest last verification, jobs whose latest scrub did not verify)."""
+    return {
+        bytes(r.storage_id): (r.oldest, int(r.failed or 0))
+        for r in conn.execute(scrub_state_query())
     }
 
 

@@ -31,6 +31,7 @@ REQUIRED = {
     "OrbitArchiveBacklogNotShrinking",
     "OrbitArchiveReplicaDiverged",
     "OrbitArchivePauseForgotten",
+    "OrbitArchiveScrubFailed",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",

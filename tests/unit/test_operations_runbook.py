@@ -30,6 +30,7 @@ ALERTS = [
     "OrbitArchivePlansOverdue",
     "OrbitArchiveBacklogNotShrinking",
     "OrbitArchivePauseForgotten",
+    "OrbitArchiveScrubFailed",
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
