@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh Debian machine: system packages for mysqlclient,
-# chromium (headless, for the test that renders Flower's workers page), jq (the hand-verification
+# chromium (headless, for the test that renders Flower's workers page) and chromium-driver
+# (Selenium drives it in the console's browser tests, tests/browser/), jq (the hand-verification
 # script of docs/archive-format.md is run by a test), docker-compose (`config` checks compose/),
 # prometheus (`promtool check|test rules` on compose/prometheus/), mariadb-server-core (the
 # private `mariadbd` primary and replica of the replica and network-namespace tests), a
@@ -10,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in libmariadb-dev pkg-config gcc chromium jq docker-compose prometheus iptables iproute2 \
+for pkg in libmariadb-dev pkg-config gcc chromium chromium-driver jq docker-compose prometheus iptables iproute2 \
   mariadb-server-core; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
