@@ -29,6 +29,7 @@ from orbit_tasks.db.migrations.platform import (
     p0004_tables,
     p0005_tables,
     p0006_tables,
+    p0011_tables,
 )
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
@@ -62,6 +63,7 @@ FROZEN = {
         p0003_tables.metadata,
         p0005_tables.metadata,
         p0006_tables.metadata,
+        p0011_tables.metadata,
     ),
     # then the tables a later revision replaced, as that revision leaves them
     "platform+": (p0004_tables.metadata,),
@@ -135,7 +137,18 @@ def test_p0006_creates_only_new_tables() -> None:
     assert not set(p0006_tables.metadata.tables) & earlier
     assert list(p0006_tables.metadata.tables) == ["orbit_archive_job_ends"]
     assert script_directory("platform").get_revision("p0006").down_revision == "p0005"
-    assert head_revision("platform") == "p0006"
+
+
+def test_p0011_creates_only_new_tables() -> None:
+    """p0011 (issue 29) adds the console's people and sessions; it never recreates an earlier
+    table."""
+    earlier: set[str] = set()
+    for revision in FROZEN["platform"][:-1]:
+        earlier |= set(revision.tables)
+    assert not set(p0011_tables.metadata.tables) & earlier
+    assert list(p0011_tables.metadata.tables) == ["orbit_console_users", "orbit_console_sessions"]
+    assert script_directory("platform").get_revision("p0011").down_revision == "p0006"
+    assert head_revision("platform") == "p0011"
 
 
 def _alone(table: Table) -> MetaData:
@@ -155,10 +168,10 @@ def test_business_head_is_b0003_on_b0002_on_b0001() -> None:
 def test_revision_files_never_import_the_live_table_modules() -> None:
     files = [
         *MIGRATIONS.glob("*/versions/*.py"),
-        *MIGRATIONS.glob("*/?000?_tables.py"),
+        *MIGRATIONS.glob("*/?00??_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 19
+    assert len(files) == 21
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):

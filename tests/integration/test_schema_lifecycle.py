@@ -89,7 +89,7 @@ def test_upgrade_adopts_hand_created_seed_tables_without_touching_a_row(chain: s
         after = mariadb_snapshot(url)
 
         assert result["action"] == "adopted" and sorted(result["adopted"]) == sorted(before)
-        assert len(result["created"]) == (23 if chain == "platform" else 3)
+        assert len(result["created"]) == (25 if chain == "platform" else 3)
         for table, snap in before.items():
             assert after[table] == snap, f"{table} was changed"
         version = "orbit_alembic_version" if chain == "platform" else "sender_alembic_version"
@@ -209,11 +209,11 @@ def test_an_empty_version_table_left_by_older_releases_is_adopted() -> None:
                 )
             )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0006", 2)
+        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0011", 2)
         with engine.connect() as conn:
             versions = conn.execute(text("SELECT version_num FROM orbit_alembic_version")).all()
         engine.dispose()
-        assert [v[0] for v in versions] == ["p0006"]
+        assert [v[0] for v in versions] == ["p0011"]
 
 
 @pytest.mark.mariadb
@@ -224,7 +224,7 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         assert json.loads(current.stdout) == {
             "at_head": False,
             "database": "platform",
-            "head": "p0006",
+            "head": "p0011",
             "revision": None,
         }
         fresh = invoke_orbit(["db", "check"], env)
@@ -232,10 +232,10 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         missing = "missing tables: orbit_archive_control_generation, orbit_archive_controls"
         assert missing in fresh.stdout
         assert invoke_orbit(["db", "upgrade"], env).stdout.strip() == (
-            "platform database: created 25 tables; revision p0006 recorded"
+            "platform database: created 27 tables; revision p0011 recorded"
         )
         assert invoke_orbit(["db", "current"], env).stdout.strip() == (
-            "platform database: revision p0006 (head)"
+            "platform database: revision p0011 (head)"
         )
         ok = invoke_orbit(["db", "check", "--json"], env)
         assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True
@@ -262,7 +262,8 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
     """A database migrated to p0001 by an earlier release, with rows in the seed and platform
     tables: `db check` asks for the upgrade, `db upgrade` creates the five control tables (p0002)
     and the S3 locations (p0003), widens the wait reasons (p0004), adds the final step's progress
-    (p0005) and the recorded range ends (p0006) and records p0006, and no
+    (p0005), the recorded range ends (p0006) and the console's people (p0011) and records p0011,
+    and no
     existing row changes."""
     with mariadb_database("orbit_p1") as url:
         engine = make_engine(url)
@@ -283,11 +284,11 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         env = orbit_env(url, url)
         stale = invoke_orbit(["db", "check"], env)
         assert stale.exit_code == 1
-        assert "revision p0001 is recorded, head is p0006; run `orbit db upgrade`" in stale.stdout
+        assert "revision p0001 is recorded, head is p0011; run `orbit db upgrade`" in stale.stdout
         done = run_orbit(["db", "upgrade", "--json"], env)
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
-        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0006", [])
+        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0011", [])
         assert sorted(result["created"]) == [
             "orbit_archive_control_generation",
             "orbit_archive_controls",
@@ -297,11 +298,13 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
             "orbit_archive_job_waits",
             "orbit_archive_object_storages",
             "orbit_archive_throttle_buckets",
+            "orbit_console_sessions",
+            "orbit_console_users",
         ]
         human = invoke_orbit(["db", "upgrade"], env)
         assert (
             human.stdout.strip()
-            == "platform database: already current (revision p0006); nothing changed"
+            == "platform database: already current (revision p0011); nothing changed"
         )
         after = mariadb_snapshot(url)
         for table, snap in before.items():
@@ -535,7 +538,7 @@ def test_platform_tables_made_at_the_head_are_adopted_once_and_p0004_runs(tmp_pa
     try:
         platform_metadata.create_all(engine)
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision) == ("adopted", "p0006")
+        assert (result.action, result.revision) == ("adopted", "p0011")
         assert sorted(result.adopted) == sorted(set(result.adopted))
         assert "orbit_archive_job_waits" in result.adopted
         with engine.begin() as conn:
@@ -561,11 +564,17 @@ def test_platform_tables_made_as_p0003_left_them_adopt_p0003_and_the_later_ones_
             tables=[
                 t
                 for n, t in platform_metadata.tables.items()
-                if n not in ("orbit_archive_job_checks", "orbit_archive_job_ends")
+                if n
+                not in (
+                    "orbit_archive_job_checks",
+                    "orbit_archive_job_ends",
+                    "orbit_console_users",
+                    "orbit_console_sessions",
+                )
             ],
         )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision) == ("adopted", "p0006")
+        assert (result.action, result.revision) == ("adopted", "p0011")
         assert "orbit_archive_job_waits" in result.adopted
         assert {"orbit_archive_job_checks", "orbit_archive_job_ends"} <= set(result.created)
         assert "orbit_archive_job_waits" not in result.created
