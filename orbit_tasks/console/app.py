@@ -914,7 +914,7 @@ def create_app(
             insert_audit(
                 conn, PLATFORM_NAMESPACE, actor=person.name, action=f"sender.{action}.code",
                 target_kind="outbox_code", target_id=code,
-                detail={"namespace_id": ns_id, "counts": counts},
+                detail={"namespace_id": ns_id, **counts},
             )  # fmt: skip
         text = f"{action} --code {code}: {summary(items)}"
         return done(person, "Dead letters", text, p.url("/dead-letters", code=code),
