@@ -33,6 +33,7 @@ SCRIPTS = [
     "archive_from_tick",
     "replica_check",
     "archive_catchup",
+    "console_pages",
 ]
 
 

@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.mariadb, pytest.mark.redis, pytest.mark.slow]
 
 world = sender_support.world
 LEASE = 12  # seconds: a loaded machine still finishes a file within the time limits
-SLOW_FILE = "archive.after_file_write=sleep:0.15"  # every file takes a while: the page sees it
+SLOW_FILE = "archive.after_file_write=sleep:0.3"  # every file takes a while: the page sees it
 
 
 def _no_serious_violations(driver: WebDriver, page: str) -> None:
@@ -95,7 +95,7 @@ def test_job_progress_pause_resume_roles_csrf_and_accessibility(
     ) as ae:  # fmt: skip
         assert orbit(ae.env, "sender", "db", "upgrade").returncode == 0
         scene = archive_scene(
-            platform_engine, name="acme", volume=tmp_path / "vol", kind="events", roots=1500,
+            platform_engine, name="acme", volume=tmp_path / "vol", kind="events", roots=600,
             batch_size=5, label="main volume",
         )  # fmt: skip
         ns, vol = scene.ns, scene.volume
@@ -205,7 +205,7 @@ def test_job_progress_pause_resume_roles_csrf_and_accessibility(
             ).click()
             until(lambda: "resume: namespace acme, kind events" in driver.page_source, 30,
                   "the resume's result")  # fmt: skip
-            done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=180)
+            done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=300)
             assert done.state is JobState.SUCCEEDED, done
             driver.get(base + page)
             until(lambda: driver.find_element(By.CSS_SELECTOR, "[data-field='state']").text
