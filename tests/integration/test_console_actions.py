@@ -6,6 +6,9 @@ person and the page showing what the database returned."""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+import secrets
 from collections.abc import Iterator
 
 import httpx
@@ -13,9 +16,11 @@ import pytest
 from sqlalchemy import select, update
 
 from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
+from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
-from tests.support.archive_jobs import ArchiveEnv, create_job
+from tests.support.archive_jobs import ArchiveEnv, create_job, make_namespace
 from tests.support.console import Console, add_people, csrf_of, orbit, running_console, sign_in
 from tests.support.scene import archive_scene
 
@@ -55,6 +60,9 @@ def test_retry_abandon_and_run_a_plan_from_the_console(
         )
     failed = ae.job(scene.ns, job.id)
     operator = sign_in(console.base_url, "operator")
+    fleet = operator.get("/").text  # the exporter's snapshot: the storage and the FAILED job
+    assert "(no label)" in fleet and "folder" in fleet
+    assert '<td>IO_ERROR</td><td>1</td><td><a href="/runbook#io_error">' in fleet
     page = operator.get(f"/jobs/acme/{job.id.hex()}")
     assert page.status_code == 200
     assert "FAILED (IO_ERROR)" in page.text and 'href="/runbook#io_error"' in page.text
@@ -128,3 +136,60 @@ def test_jobs_list_filters_and_keyset_pages(ae: ArchiveEnv, console: Console) ->
     assert bad.status_code == 400
     assert viewer.get("/jobs", params={"namespace": "nobody"}).status_code == 404
     assert viewer.get("/jobs", params={"namespace": "acme", "state": "DONE"}).status_code == 400
+
+
+def _review_rows(url: str, ns: str, count: int) -> list[str]:
+    """``count`` REVIEW rows (last code REJECTED) of ``ns``, as a sender leaves them."""
+    engine = make_engine(url)
+    digest = hashlib.sha256(b"{}").digest()
+    ops = [secrets.token_hex(16) for _ in range(count)]
+    try:
+        with engine.begin() as conn:
+            now = db_now(conn)
+            conn.execute(
+                sender_outbox.insert(),
+                [
+                    dict(namespace_id=ns, queue_id="ab" * 16, operation_id=op,
+                         idempotency_key="op-" + op, request_json="{}", request_digest=digest,
+                         state="REVIEW", send_count=1, lease_epoch=1, wake_at=None,
+                         send_deadline_at=now + dt.timedelta(hours=20), last_code="REJECTED",
+                         created_at=now - dt.timedelta(hours=1), updated_at=now)
+                    for op in ops
+                ],
+            )  # fmt: skip
+    finally:
+        engine.dispose()
+    return ops
+
+
+def test_dead_letters_resolved_in_bulk_after_a_preview(ae: ArchiveEnv, console: Console) -> None:
+    ns, _queue = make_namespace(ae.engine, "acme")
+    ops = _review_rows(ae.env["ORBIT_SENDER_DATABASE_URL"], ns.hex(), 3)
+    operator = sign_in(console.base_url, "operator")
+    listed = operator.get("/dead-letters", params={"code": "REJECTED", "namespace": "acme"})
+    assert listed.status_code == 200 and all(op in listed.text for op in ops)
+    no_reason = _post(operator, "/dead-letters/preview", action="resolve", code="REJECTED")
+    assert no_reason.status_code == 400 and "error:" in no_reason.text
+    bad_code = _post(operator, "/dead-letters/preview", action="requeue", code="NOPE")
+    assert bad_code.status_code == 400 and "NOPE" in bad_code.text
+    preview = _post(
+        operator, "/dead-letters/preview", action="resolve", code="REJECTED", namespace="acme",
+        reason="re-created by hand",
+    )  # fmt: skip
+    assert "dry run: 3 would_resolve; nothing changed" in preview.text
+    done = _post(
+        operator, "/dead-letters/resolve", code="REJECTED", namespace="acme",
+        reason="re-created by hand",
+    )  # fmt: skip
+    assert done.status_code == 200 and "3 resolved" in done.text
+    engine = make_engine(ae.env["ORBIT_SENDER_DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            who = {r.resolved_by for r in conn.execute(select(sender_resolutions))}
+    finally:
+        engine.dispose()
+    assert who == {"operator"}
+    assert _actors(ae, "sender.resolve.code") == ["operator"]
+    # resolved rows are refused by a bulk requeue, as by the CLI's
+    refused = _post(operator, "/dead-letters/preview", action="requeue", code="REJECTED")
+    assert "3 refused" in refused.text and "resolved by operator" in refused.text
