@@ -28,6 +28,9 @@ class FleetReader:
     @classmethod
     def from_settings(cls, settings: Settings, platform: Engine) -> FleetReader:
         def build() -> Any:
+            # Imported here: the Celery app and the exporter's server (kombu, prometheus_client)
+            # only when the fleet page is first read, not for the sign-in page or the tests'
+            # own readers.
             from orbit_tasks.celery_app import app
             from orbit_tasks.metrics.server import build_collector
 
