@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -119,8 +120,19 @@ def create_app(
     """The console on the platform database (and the business database of the dead letters,
     when the sender is configured). ``fleet`` reads the fleet page's numbers (the exporter's
     sources); ``wake``/``wake_tick`` publish a job's or the tick's wake-up (best effort)."""
-    app = FastAPI(title="orbit console", docs_url=None, redoc_url=None, openapi_url=None)
     reader = fleet or FleetReader.from_settings(settings, platform)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        reader.start()  # the fleet's snapshot is kept fresh in the background
+        try:
+            yield
+        finally:
+            reader.stop()
+
+    app = FastAPI(
+        title="orbit console", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
 
     def now_of(conn: Any) -> Any:
         return clock.now(conn)

@@ -21,6 +21,7 @@ from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from tests.support.archive_jobs import ArchiveEnv, create_job, make_namespace
+from tests.support.browser import until
 from tests.support.console import Console, add_people, csrf_of, orbit, running_console, sign_in
 from tests.support.scene import archive_scene
 
@@ -32,7 +33,7 @@ J = archive_jobs.c
 def console(ae: ArchiveEnv, tmp_path: object) -> Iterator[Console]:
     assert orbit(ae.env, "sender", "db", "upgrade").returncode == 0
     add_people(ae.env)
-    with running_console(ae.env) as running:
+    with running_console({**ae.env, "ORBIT_METRICS_CACHE_SECONDS": "1"}) as running:
         yield running
 
 
@@ -60,9 +61,16 @@ def test_retry_abandon_and_run_a_plan_from_the_console(
         )
     failed = ae.job(scene.ns, job.id)
     operator = sign_in(console.base_url, "operator")
-    fleet = operator.get("/").text  # the exporter's snapshot: the storage and the FAILED job
+    # the exporter's snapshot (refreshed every ORBIT_METRICS_CACHE_SECONDS): the storage and
+    # the FAILED job by code
+    row = '<td>IO_ERROR</td><td>1</td><td><a href="/runbook#io_error">'
+
+    def fleet_with_the_row() -> str | None:
+        text = operator.get("/").text
+        return text if row in text else None
+
+    fleet = until(fleet_with_the_row, 30, "the FAILED job on the fleet page")
     assert "(no label)" in fleet and "folder" in fleet
-    assert '<td>IO_ERROR</td><td>1</td><td><a href="/runbook#io_error">' in fleet
     page = operator.get(f"/jobs/acme/{job.id.hex()}")
     assert page.status_code == 200
     assert "FAILED (IO_ERROR)" in page.text and 'href="/runbook#io_error"' in page.text
