@@ -121,6 +121,7 @@ def create_app(
     when the sender is configured). ``fleet`` reads the fleet page's numbers (the exporter's
     sources); ``wake``/``wake_tick`` publish a job's or the tick's wake-up (best effort)."""
     reader = fleet or FleetReader.from_settings(settings, platform)
+    dummy_hash = access.hash_secret(access.new_session_id())
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -255,7 +256,9 @@ def create_app(
             refuse(request, None, "the sign-in form's token is missing or wrong")
         with platform.connect() as conn:
             user = console_store.get_user(conn, name)
-        ok = user is not None and access.check_secret(form.get("password", ""), user.secret_hash)
+        # an unknown name costs one scrypt too: the answer's time does not tell who exists
+        stored = dummy_hash if user is None else user.secret_hash
+        ok = access.check_secret(form.get("password", ""), stored) and user is not None
         if not ok or user is None:
             log_action(
                 log, "console.login.failed", logging.WARNING, user=name,
