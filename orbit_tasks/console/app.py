@@ -28,6 +28,7 @@ from sqlalchemy import Engine
 from orbit_tasks.archive import controls as control_rules
 from orbit_tasks.archive.controls import ControlKind, Scope
 from orbit_tasks.archive.jobs import ErrorCode, Job, JobFailure, JobState
+from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as job_store
 from orbit_tasks.archive.store import plans as plan_store
@@ -65,6 +66,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
 RUNBOOK_FILE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 PAGE_ROWS = 50
+RANGES_KEPT = 10_000  # job ranges kept in memory (each is fixed once derived)
 FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.ABANDONED)
 HEADERS = {
     "Content-Security-Policy": (
@@ -122,6 +124,7 @@ def create_app(
     sources); ``wake``/``wake_tick`` publish a job's or the tick's wake-up (best effort)."""
     reader = fleet or FleetReader.from_settings(settings, platform)
     dummy_hash = access.hash_secret(access.new_session_id())
+    ranges: dict[tuple[bytes, bytes], ArchiveRange | None] = {}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -321,8 +324,9 @@ def create_app(
             storages = list_storages(conn)
             controls = control_store.list_controls(conn)
             names = {n.id: n.name for n in list_namespaces(conn)}
-            stalled = console_store.stalled_jobs(conn, now, PAGE_ROWS)
-            failed = console_store.failed_jobs(conn, PAGE_ROWS)
+            ids = [bytes.fromhex(s["storage_id"]) for s in storages]
+            stalled = console_store.stalled_jobs(conn, ids, now, PAGE_ROWS)
+            failed = console_store.failed_jobs(conn, ids, PAGE_ROWS)
         body = p.fleet(
             reading, storages, controls, names, stalled, failed, runbook=runbook,
             flags=FleetReader.unserved(reading),
@@ -550,10 +554,20 @@ def create_app(
             job = job_store.require_job(conn, ns.id, from_hex(job_ref, "job id"))
             now = now_of(conn)
             waits = control_store.job_waits(conn, ns.id, job.id)
-            try:
-                rng = job_store.job_range(conn, job)
-            except JobFailure:
-                rng = None
+            key = (ns.id, job.id)
+            if key in ranges:
+                rng: ArchiveRange | None = ranges[key]
+            else:
+                try:
+                    rng = job_store.job_range(conn, job)
+                except JobFailure:
+                    rng = None
+                # a range is fixed once its end is (a cut is recorded before the first batch):
+                # derived once, then kept
+                if job.batches > 0 or job.state in FINAL:
+                    if len(ranges) >= RANGES_KEPT:
+                        ranges.clear()
+                    ranges[key] = rng
             end = job_store.recorded_end(conn, ns.id, job.id)
         total = None if end is None else end.roots_total
         final = job.state in FINAL

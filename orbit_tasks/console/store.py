@@ -140,23 +140,29 @@ def list_jobs(
     return jobs, nxt
 
 
-def stalled_jobs(conn: Connection, now: datetime, limit: int) -> list[Job]:
+def stalled_jobs(conn: Connection, storages: list[bytes], now: datetime, limit: int) -> list[Job]:
     """RUNNING jobs whose lease has expired (a dead or frozen worker): the next sweep hands
-    them to another worker; many of them need a person (docs/operations.md)."""
+    them to another worker; many of them need a person (docs/operations.md). An index range
+    of ``ix_archive_job_claim`` (storage_id, state, lease_until) per storage."""
+    if not storages:
+        return []
     q = (
         select(archive_jobs)
-        .where(J.state == JobState.RUNNING.value, J.lease_until < now)
+        .where(J.storage_id.in_(storages), J.state == JobState.RUNNING.value, J.lease_until < now)
         .order_by(J.lease_until)
         .limit(limit)
     )
     return [Job.from_row(r) for r in conn.execute(q)]
 
 
-def failed_jobs(conn: Connection, limit: int) -> list[Job]:
-    """FAILED jobs, oldest change first (each needs `job retry` or `job abandon`)."""
+def failed_jobs(conn: Connection, storages: list[bytes], limit: int) -> list[Job]:
+    """FAILED jobs, oldest change first (each needs `job retry` or `job abandon`): the index
+    range (storage_id, state) of ``ix_archive_job_claim``."""
+    if not storages:
+        return []
     q = (
         select(archive_jobs)
-        .where(J.state == JobState.FAILED.value)
+        .where(J.storage_id.in_(storages), J.state == JobState.FAILED.value)
         .order_by(J.updated_at)
         .limit(limit)
     )
