@@ -35,6 +35,7 @@ SCRIPTS = [
     "archive_catchup",
     "archive_find",
     "archive_scrub",
+    "console_pages",
 ]
 
 

@@ -3,7 +3,8 @@
 #
 #   bootstrap.sh          everything `make test` / `.ci/run` need: the system packages to build
 #                         mysqlclient, chromium (headless, for the test that renders Flower's
-#                         workers page), jq (the hand-verification script of
+#                         workers page) and chromium-driver (Selenium drives it in the console's
+#                         browser tests, tests/browser/), jq (the hand-verification script of
 #                         docs/archive-format.md is run by a test), docker-compose (`config` checks
 #                         compose/), prometheus (`promtool check|test rules` on compose/prometheus/),
 #                         iptables and iproute2 (the partition tests), mariadb-server-core (the
@@ -34,7 +35,7 @@ for arg in "$@"; do
 done
 
 demo_packages=(libmariadb-dev pkg-config gcc)
-test_packages=(chromium jq docker-compose prometheus iptables iproute2 mariadb-server-core)
+test_packages=(chromium chromium-driver jq docker-compose prometheus iptables iproute2 mariadb-server-core)
 packages=("${demo_packages[@]}")
 if [[ $mode == all ]]; then
   packages+=("${test_packages[@]}")

@@ -36,6 +36,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "demo": ("demo",),
     "flower": ("flower",),
     "metrics": ("metrics",),
+    "console": ("console",),
 }
 
 

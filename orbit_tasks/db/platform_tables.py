@@ -523,6 +523,35 @@ archive_scrub_leases = Table(
     **MYSQL_TABLE,
 )
 
+# --- revision p0011: the operator console (issue 29, docs/console.md) ---------------------------
+
+console_users = Table(
+    "orbit_console_users",
+    metadata,
+    Column("name", Str(64), nullable=False, comment="who signs in; named in audit rows"),
+    Column("role", Ascii(16), nullable=False, comment="viewer or operator"),
+    Column("secret_hash", Ascii(255), nullable=False, comment="scrypt; never the secret"),
+    Column("created_by", Str(128), nullable=False),
+    Column("created_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("name"),
+    CheckConstraint("role IN ('viewer','operator')", name="ck_console_user_role"),
+    comment="people of the operator console (orbit console user add)",
+    **MYSQL_TABLE,
+)
+
+console_sessions = Table(
+    "orbit_console_sessions",
+    metadata,
+    Column("session_sha256", Hex64(), nullable=False, comment="SHA-256 of the cookie; never it"),
+    Column("user_name", Str(64), nullable=False),
+    Column("created_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    Column("expires_at", DateTime6(), nullable=False),
+    PrimaryKeyConstraint("session_sha256"),
+    Index("ix_console_session_user", "user_name", "expires_at"),
+    comment="signed-in sessions of the operator console",
+    **MYSQL_TABLE,
+)
+
 # Revision p0012 (issue 30 item 3): the beat leader. Several `orbit beat` processes may run; the
 # one holding this lease publishes the ticks (docs/operations.md "Several beats").
 beat_leaders = Table(

@@ -58,8 +58,8 @@ def _params() -> list[Any]:
 
 def test_compose_runs_enough_commands() -> None:
     commands = _compose_commands()
-    # api, beat, control, 2 archive workers, sender, flower, metrics + 4 migrate steps
-    assert len(commands) == 14, commands  # + the S3 example's worker (issue 18), a second beat
+    # api, 2 beats, control, 2 archive workers, sender, flower, metrics, console + 4 migrate steps
+    assert len(commands) == 15, commands  # + the S3 example's worker (issue 18)
     assert ("migrate.sh", ["db", "upgrade"]) in commands
     assert ("migrate.sh", ["sender", "db", "upgrade"]) in commands
 
@@ -154,6 +154,14 @@ def test_flower_has_auth_from_the_env_file_and_secrets_stay_scoped() -> None:
             assert "ORBIT_FLOWER_BASIC_AUTH" not in service["environment"], name
         if name != "worker-sender":
             assert "ORBIT_API_TOKEN" not in service["environment"], name
+
+
+def test_the_console_is_served_on_the_hosts_loopback() -> None:
+    services = _services()
+    assert services["console"]["command"] == [
+        "console", "serve", "--host", "0.0.0.0", "--port", "8090",
+    ]  # fmt: skip
+    assert services["console"]["ports"] == ["127.0.0.1:8090:8090"]
 
 
 def test_metrics_and_prometheus() -> None:

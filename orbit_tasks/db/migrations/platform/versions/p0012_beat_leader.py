@@ -5,7 +5,7 @@ at the previous revision upgrades without touching its rows; the first beat that
 the upgrade creates the one row and leads.
 
 Revision ID: p0012
-Revises: p0010
+Revises: p0011
 """
 
 from alembic import op
@@ -14,7 +14,7 @@ from orbit_tasks.db.migrations.frozen_0001 import create_statements
 from orbit_tasks.db.migrations.platform.p0012_tables import metadata
 
 revision = "p0012"
-down_revision = "p0010"
+down_revision = "p0011"
 branch_labels = None
 depends_on = None
 
