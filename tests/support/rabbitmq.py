@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from tests.support.db import XDIST_WORKER
 
@@ -57,3 +61,85 @@ def queues_of(vhost_url: str) -> dict[str, dict[str, str]]:
         if len(parts) >= 4:
             found[parts[0]] = {"type": parts[1], "durable": parts[2], "arguments": parts[3]}
     return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateNode:
+    """A RabbitMQ node of one test (its own node name, ports and data folder): stopping and
+    starting it disturbs no other test. Its queues and messages survive a restart (the data
+    folder is kept)."""
+
+    def __init__(self) -> None:
+        # the node runs as the rabbitmq user (Debian's wrapper switches to it): a folder of its
+        # own, outside pytest's private tmp folders
+        folder = Path(tempfile.mkdtemp(prefix="orbit-test-rabbit-"))
+        self.folder = folder
+        self.port = _free_port()
+        self.name = f"orbit-test-{os.getpid()}-{self.port}@localhost"
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        dist = _free_port()
+        self.env = {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_DIST_PORT": str(dist),
+            "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(folder / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(folder / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(folder / "node.pid"),
+            "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(folder / "advanced.config"),
+        }
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "enabled_plugins").write_text("[].\n")
+        # guest may connect from 127.0.0.1 (loopback_users keeps it to loopback)
+        (folder / "rabbitmq.conf").write_text("loopback_users.guest = true\n")
+        subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(folder)], check=True)
+
+    def _ctl(self, *args: str, timeout: float = 120) -> None:
+        proc = subprocess.run(
+            ["rabbitmqctl", "-n", self.name, *args],
+            env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise AssertionError(f"rabbitmqctl {args} -> {proc.returncode}: {proc.stderr}")
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        subprocess.run(
+            ["rabbitmq-server", "-detached"], env=self.env, check=True, timeout=60,
+            capture_output=True,
+        )  # fmt: skip
+        self._ctl("wait", str(self.folder / "node.pid"), "--timeout", "120")
+        deadline = time.monotonic() + 60
+        while not self.answers():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"private RabbitMQ {self.name} does not answer")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._ctl("stop", str(self.folder / "node.pid"))
+
+
+@contextmanager
+def private_rabbitmq() -> Iterator[PrivateNode]:
+    node = PrivateNode()
+    try:
+        node.start()
+        yield node
+    finally:
+        with suppress(Exception):
+            node.stop()
+        shutil.rmtree(node.folder, ignore_errors=True)
