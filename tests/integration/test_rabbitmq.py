@@ -154,8 +154,7 @@ def test_a_broker_restart_mid_job_the_job_finishes_and_verifies(
         node.start()  # type: ignore[attr-defined]
         done = tick_wait(
             ae,
-            lambda: (j := ae.job(ns, job.id)).state in (JobState.SUCCEEDED, JobState.FAILED)
-            and j,
+            lambda: (j := ae.job(ns, job.id)).state in (JobState.SUCCEEDED, JobState.FAILED) and j,
             180,
             "the job finished after the broker restart",
         )

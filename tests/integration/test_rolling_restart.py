@@ -9,6 +9,7 @@ continuation can bring the second worker in.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -16,9 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from celery import Celery
+from sqlalchemy import Engine, text
 
 from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.celery_app import QuorumAMQP
+from orbit_tasks.queues import SENDER_QUEUE, is_amqp
+from tests.support import sender as sender_support
 from tests.support.archive_jobs import (
     REDIS_URL,
     ArchiveEnv,
@@ -30,6 +35,19 @@ from tests.support.archive_jobs import (
 )
 from tests.support.rabbitmq import rabbitmq_answers, rabbitmq_vhost
 from tests.support.scene import archive_scene
+from tests.support.sender import (
+    Workers,
+    World,
+    celery_env,
+    check_invariants,
+    enqueue_many,
+    open_count,
+    rows,
+)
+from tests.support.sender_proxy import PASS, Fault, fault_proxy
+
+world = sender_support.world
+business = sender_support.business
 
 LEASE = 120  # the default lease: a handover that waited for it would take two minutes
 SLICE = 60  # a delivery would keep the job for a minute: only the SIGTERM ends it early
@@ -144,3 +162,85 @@ def test_a_second_sigterm_exits_at_once_and_the_lease_covers_the_job(ae: Archive
     # lost child's expiry), never lost
     assert held.state in (JobState.RUNNING, JobState.PENDING), held
     print(f"exited {exited:.2f} s after the second SIGTERM; job {held.state}")
+
+
+@pytest.fixture
+def sender_broker(broker: str) -> str:
+    """The sender's broker: Redis db 3 (the sender tests' own), or the RabbitMQ vhost."""
+    return sender_support.REDIS_URL if broker == REDIS_URL else broker
+
+
+@pytest.mark.mariadb
+def test_sigterm_mid_pass_releases_the_unsent_rows_to_another_sender_at_once(
+    world: World, business: tuple[str, Engine], workers: Workers, sender_broker: str
+) -> None:
+    """The relay on SIGTERM: the pass claims no more, finishes its POSTs in flight and releases
+    the rows it claimed and did not send yet (reason ``shutdown``); the other sender worker
+    sends them at once -- the 60 s lease never runs out -- and every row is ACCEPTED once."""
+    url, engine = business
+    enqueue_many(engine, world.ns, world.queues, 40)
+    beat = Celery("rolling-beat", broker=sender_broker, amqp=QuorumAMQP)
+    if is_amqp(sender_broker):
+        beat.conf.task_default_queue_type = beat.conf.task_create_missing_queue_type = "quorum"
+
+    def tick() -> None:
+        beat.send_task("orbit.sender.tick", queue=SENDER_QUEUE, expires=5)
+
+    def rule(method: str, path: str, key: str | None, attempt: int) -> Fault:
+        return Fault("sleep", seconds=1.0) if method == "POST" else PASS  # a slow platform
+
+    try:
+        with fault_proxy(world.api.base_url, rule) as proxy:
+            env = celery_env(
+                url, world.platform_url, proxy.url, world.token,
+                CELERY_BROKER_URL=sender_broker, ORBIT_SENDER_LEASE_SECONDS="60",
+                ORBIT_SENDER_CONCURRENCY="2",
+            )  # fmt: skip
+            a = workers.start("sender-a", env)
+            b = workers.start("sender-b", env)
+            logs = dict(zip(("a", "b"), (log for _, log in workers.procs), strict=True))
+            wait_for(
+                lambda: all("ready." in p.read_text(errors="replace") for p in logs.values()),
+                60,
+                "both senders ready",
+            )
+            # one tick, one pass: only one of them works on the page (the other stays idle)
+            tick()
+            took = wait_for(
+                lambda: [k for k, p in logs.items() if "orbit.sender.tick[" in p.read_text()],
+                30,
+                "a sender taking the tick",
+            )
+            wait_for(lambda: len(proxy.posts()) >= 2, 30, "the first sends")
+            a_log, b_log = logs["a"], logs["b"]
+            if took == ["b"]:
+                a, b, a_log, b_log = b, a, b_log, a_log
+            with engine.connect() as conn:
+                claimed = conn.execute(
+                    text("SELECT COUNT(*) FROM sender_outbox WHERE state='SENDING'")
+                ).scalar_one()
+            assert claimed > 2, "the pass should hold more rows than it sends at once"
+            os.kill(a.pid, signal.SIGTERM)
+            sent = time.monotonic()
+            a.wait(timeout=30)
+            exited = time.monotonic() - sent
+            out_a = a_log.read_text(errors="replace")
+            assert '"reason": "shutdown"' in out_a, out_a[-3000:]
+            # the pass left nothing claimed: each row it claimed was sent or released
+            done = json.loads(out_a.split("sender.pass.done ", 1)[1].splitlines()[0])
+            assert done["n_released"] > 0 and done["more"], done
+            assert done["claimed"] == done["n_accepted"] + done["n_released"], done
+            end = time.monotonic() + 60
+            while open_count(engine) and time.monotonic() < end:
+                tick()
+                time.sleep(0.5)
+            settled = time.monotonic() - sent
+            assert open_count(engine) == 0
+            proxy.settle()
+    finally:
+        beat.close()
+    assert check_invariants(engine, world.platform, require_accepted=True) == {"ACCEPTED": 40}
+    assert settled < 60  # well inside the 60 s lease: nothing waited for it
+    assert "sender.row.accepted" in b_log.read_text(errors="replace")
+    assert len(rows(engine)) == 40
+    print(f"a exited {exited:.2f} s after SIGTERM; all sent {settled:.2f} s after it")
