@@ -20,9 +20,13 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine, text
 
+from orbit_tasks import shutdown
 from orbit_tasks.archive.jobs import JobState
+from orbit_tasks.archive.store import jobs as job_store
+from orbit_tasks.archive.tick import run_tick
 from orbit_tasks.celery_app import QuorumAMQP
 from orbit_tasks.queues import SENDER_QUEUE, is_amqp
+from orbit_tasks.settings import load_settings
 from tests.support import sender as sender_support
 from tests.support.archive_jobs import (
     REDIS_URL,
@@ -34,7 +38,7 @@ from tests.support.archive_jobs import (
     wait_state,
 )
 from tests.support.rabbitmq import rabbitmq_answers, rabbitmq_vhost
-from tests.support.scene import archive_scene
+from tests.support.scene import archive_scene, deliver
 from tests.support.sender import (
     Workers,
     World,
@@ -244,3 +248,52 @@ def test_sigterm_mid_pass_releases_the_unsent_rows_to_another_sender_at_once(
     assert "sender.row.accepted" in b_log.read_text(errors="replace")
     assert len(rows(engine)) == 40
     print(f"a exited {exited:.2f} s after SIGTERM; all sent {settled:.2f} s after it")
+
+
+@pytest.mark.mariadb
+def test_the_shutdown_flag_ends_the_slice_at_the_next_confirm(
+    platform_engine: Engine, tmp_path: Path
+) -> None:
+    """The runner alone, in this process (the flag set as the main process sets it): a delivery
+    confirms the one file in hand -- here the manifest -- releases the job to PENDING without
+    counting a stall, and publishes exactly one continuation; once the flag is clear again the
+    next delivery claims from PENDING (no takeover) and finishes the job."""
+    engine = platform_engine
+    settings = load_settings(
+        {
+            "ORBIT_DATABASE_URL": str(engine.url),
+            "ORBIT_ARCHIVE_LEASE_SECONDS": str(LEASE),
+            "ORBIT_ARCHIVE_SLICE_SECONDS": str(SLICE),
+            "ORBIT_VAR_DIR": str(tmp_path / "var"),
+        }
+    )
+    ns, _q, vol, sid = archive_scene(
+        engine, name="flag", volume=tmp_path / "vol", roots=60, batch_size=5, label="flag"
+    ).parts  # fmt: skip
+    report = run_tick(engine, settings, publish=lambda *_a, **_k: None)
+    ((_, _, job_hex),) = report.jobs_created
+    with engine.connect() as conn:
+        job = job_store.require_job(conn, ns, bytes.fromhex(job_hex))
+    published: list[bytes] = []
+
+    def publish(storage_id: bytes, ns_id: bytes, job_id: bytes, *, kind: str = "") -> None:
+        published.append(job_id)
+
+    places = {sid.hex(): vol}
+    shutdown.begin()
+    try:
+        assert shutdown.requested()
+        outcome = deliver(job, places, settings, engine=engine, publish=publish)
+    finally:
+        shutdown.reset()
+    with engine.connect() as conn:
+        after = job_store.require_job(conn, ns, job.id)
+    assert outcome == "released"
+    assert after.state is JobState.PENDING and after.lease_id is None
+    assert after.has_manifest and after.batches == 0  # the file in hand, and nothing more
+    assert after.attempts == after.batches + 1  # no stall counted
+    assert published == [job.id]  # its continuation
+    assert deliver(after, places, settings, engine=engine, publish=publish) == "succeeded"
+    with engine.connect() as conn:
+        done = job_store.require_job(conn, ns, job.id)
+    assert done.state is JobState.SUCCEEDED and done.attempts == done.batches + 1
