@@ -108,6 +108,16 @@ def test_the_queue_depth_gauge_reads_rabbitmq(ae: ArchiveEnv) -> None:
     assert reading.consumers == {}
 
 
+def test_the_consumers_gauge_sees_the_workers_on_rabbitmq(ae: ArchiveEnv) -> None:
+    _ns, _q, vol, sid = archive_scene(
+        ae.engine, name="seen", volume=ae.tmp / "vol", roots=5, batch_size=5, label="seen"
+    ).parts  # fmt: skip
+    ae.worker("w", [vol], control=True)
+    source = BrokerSource(ae.app, timeout=5.0, reply_seconds=2.0)
+    reading = wait_for(lambda: source.read(lambda: [sid]), 10, "a reading")
+    assert reading.consumers == {queue_name(sid): 1, CONTROL_QUEUE: 1}, reading
+
+
 def test_a_crashed_worker_is_taken_over_and_the_job_verifies(ae: ArchiveEnv) -> None:
     ns, _q, vol, _sid = archive_scene(
         ae.engine, name="crash", volume=ae.tmp / "vol", roots=60, batch_size=5, label="crash"
