@@ -28,7 +28,6 @@ from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.tick import TickReport, run_tick
 from orbit_tasks.archive.wakeups import make_publisher
-from orbit_tasks.celery_app import QuorumAMQP
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.dev import generator
@@ -171,10 +170,14 @@ def archive_env(
     )
     env.update(overrides)
     settings = load_settings(env)
-    app = Celery("orbit-test", broker=broker, amqp=QuorumAMQP)
-    app.conf.task_create_missing_queues = True
+    app = Celery("orbit-test", broker=broker)
     if is_amqp(broker):  # declared as the fleet declares them (celeryconfig.py)
+        # Imported here: the deployment's app and celeryconfig, only for a RabbitMQ test.
+        from orbit_tasks.celery_app import QuorumAMQP
+
+        app = Celery("orbit-test", broker=broker, amqp=QuorumAMQP)
         app.conf.task_default_queue_type = app.conf.task_create_missing_queue_type = "quorum"
+    app.conf.task_create_missing_queues = True
     ae = ArchiveEnv(url, engine, tmp, env, settings, app)
     try:
         yield ae
