@@ -105,6 +105,9 @@ task_routes = {
 # nothing would consume (orbit.sender grew by ~43,000 messages a day), an outbox-only one no
 # archive tick; with neither named, both (the embedded demo). docs/decisions.md.
 _chains = _beat_chains()
+# One beat leader (issue 30 item 3): several beats may run; the one holding the database lease
+# publishes (orbit_tasks/beat/scheduler.py). A string: only beat imports it.
+beat_scheduler = "orbit_tasks.beat.scheduler:LeaderScheduler"
 beat_schedule = {}
 if "platform" in _chains:
     beat_schedule["orbit-archive-tick"] = {

@@ -16,6 +16,7 @@ from orbit_tasks import oserrors
 from orbit_tasks.db.engine import SETTING_ATTR
 from orbit_tasks.db.faults import LOCK_CONFLICT_CODES
 from orbit_tasks.errors import Command, OrbitError
+from orbit_tasks.redaction import redact_url
 
 # MySQL client/server codes that mean "cannot reach or use the server", not "bad statement".
 _UNAVAILABLE_CODES = {1040, 1053, 2002, 2003, 2005, 2006, 2013, 2055}
@@ -44,6 +45,10 @@ FIELD_FLAGS = {
     "from_": "--from",
     "until": "--until",
     "volumes": "--volume",
+    "settled_from": "--settled-from",
+    "settled_until": "--settled-until",
+    "out": "--out",
+    "force": "--force",
 }
 
 # How the CLI spells the commands that errors point to (orbit_tasks/errors.py ``Command``).
@@ -57,9 +62,10 @@ COMMANDS = {
 }
 
 
-def describe_error(exc: Exception) -> tuple[str, int]:
+def describe_error(exc: Exception, broker_url: str | None = None) -> tuple[str, int]:
     """The operator's line (without ``error: ``) and the exit code for ``exc``; the fields an
-    error names are worded as the CLI's flags, the command it points to as the CLI's command."""
+    error names are worded as the CLI's flags, the command it points to as the CLI's command.
+    ``broker_url``: the broker the command used, named (redacted) when the broker failed."""
     if isinstance(exc, OrbitError):
         return exc.worded(FIELD_FLAGS, COMMANDS), exc.exit_code
     if isinstance(exc, DBAPIError):
@@ -75,11 +81,22 @@ def describe_error(exc: Exception) -> tuple[str, int]:
     if isinstance(exc, OSError):
         return describe_os_error(exc), 1
     if _is_broker_error(exc):
-        return f"message broker unavailable (CELERY_BROKER_URL; {type(exc).__name__})", 1
+        return describe_broker_error(exc, broker_url), 1
     return (
         f"unexpected {type(exc).__name__}; rerun with ORBIT_LOG_LEVEL=DEBUG for the traceback",
         1,
     )
+
+
+def describe_broker_error(exc: Exception, broker_url: str | None) -> str:
+    """``message broker unavailable (OperationalError) [CELERY_BROKER_URL 'amqp://***@mq:5672//']``:
+    like a database's line, the setting and its URL with user info, query and fragment hidden."""
+    where = (
+        "CELERY_BROKER_URL"
+        if broker_url is None
+        else f"CELERY_BROKER_URL {redact_url(broker_url)!r}"
+    )
+    return f"message broker unavailable ({type(exc).__name__}) [{where}]"
 
 
 def describe_usage_error(exc: click.ClickException) -> tuple[str, int]:

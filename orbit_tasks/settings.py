@@ -71,6 +71,9 @@ class Settings:
     # database, docs/operations.md "Read from a replica"); None: the platform database itself.
     archive_source_url: str | None = field(default=None, repr=False)
     archive_reader: str = "auto"
+    # ORBIT_BEAT_LEASE_SECONDS (issue 30 item 3): the beat leader's lease; None = three quarters
+    # of the shortest tick period (orbit_tasks/beat/rules.py).
+    beat_lease_seconds: int | None = None
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -94,16 +97,42 @@ class Settings:
 
 
 def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """A count (``ORBIT_SENDER_CONCURRENCY``): ASCII digits only (units.py, the one rule)."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = units.ascii_int(raw)
+    if value is None:
+        raise InvalidInput(
+            f"{name}={units.shown(raw)} is not an integer (allowed {lo}..{hi}; "
+            f"{units.INTEGER_FORMS})"
+        )
+    if not lo <= value <= hi:
+        raise InvalidInput(f"{name}={value} is out of range (allowed {lo}..{hi})")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """A duration variable named for its unit (``ORBIT_TICK_SECONDS``): a bare number is seconds,
+    as documented, and the command line's forms (``2m``) are accepted too (units.py); whole
+    seconds only."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"{name}={raw!r} is not an integer (allowed {lo}..{hi})") from None
-    if not lo <= value <= hi:
-        raise InvalidInput(f"{name}={value} is out of range (allowed {lo}..{hi})")
-    return value
+        seconds = units.parse_env_duration(raw, name)
+    except InvalidInput:
+        raise InvalidInput(
+            f"{name}={units.shown(raw)} is not a duration (allowed {lo}..{hi}: seconds as ASCII "
+            "digits, or with s, m, h or d, e.g. 90s or 2m; no sign, no spaces)"
+        ) from None
+    if seconds != int(seconds):
+        raise InvalidInput(
+            f"{name}={units.shown(raw)} is not an integer number of seconds (allowed {lo}..{hi})"
+        )
+    if not lo <= seconds <= hi:
+        raise InvalidInput(f"{name}={raw} is out of range (allowed {lo}..{hi})")
+    return int(seconds)
 
 
 def _float(
@@ -115,14 +144,18 @@ def _float(
     *,
     context: str = "",
 ) -> float:
+    """A duration variable in (fractions of) seconds (``ORBIT_METRICS_TIMEOUT_SECONDS=0.5``): a
+    bare decimal number is seconds, and the forms of units.py (``90s``) are accepted too."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = float(raw)
-    except ValueError:
+        value = units.parse_env_duration(raw, name)
+    except InvalidInput:
         raise InvalidInput(
-            f"{name}={raw!r} is not a number (allowed {lo:g}..{hi:g}{context})"
+            f"{name}={units.shown(raw)} is not a number of seconds (allowed {lo:g}..{hi:g}"
+            f"{context}: ASCII digits, e.g. 0.5, or with s, m, h or d, e.g. 30s; no sign, no "
+            "spaces)"
         ) from None
     if not (math.isfinite(value) and lo <= value <= hi):
         raise InvalidInput(f"{name}={value} is out of range (allowed {lo:g}..{hi:g}{context})")
@@ -133,10 +166,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build and validate settings from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
     var_dir = Path(env.get("ORBIT_VAR_DIR") or "var").resolve()
-    lease = _int(env, "ORBIT_ARCHIVE_LEASE_SECONDS", 120, 4, 86400)
+    lease = _seconds(env, "ORBIT_ARCHIVE_LEASE_SECONDS", 120, 4, 86400)
     top = archive_limits.max_slice_seconds(lease)
     # default: 20 s, or the longest slice a shorter lease allows
-    slice_s = _int(env, "ORBIT_ARCHIVE_SLICE_SECONDS", min(20, top), 1, 86400)
+    slice_s = _seconds(env, "ORBIT_ARCHIVE_SLICE_SECONDS", min(20, top), 1, 86400)
     if slice_s > top:
         # the slice must end one margin before the Celery soft limit (archive_limits.py)
         raise InvalidInput(
@@ -144,7 +177,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             f"ORBIT_ARCHIVE_LEASE_SECONDS={lease} (allowed 1..{top}: a claim ends its slice "
             "before the soft time limit)"
         )
-    sender_lease = _int(
+    sender_lease = _seconds(
         env,
         "ORBIT_SENDER_LEASE_SECONDS",
         60,
@@ -176,13 +209,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sender_lease_seconds=sender_lease,
         sender_http_timeout_seconds=http_timeout,
         sender_concurrency=_int(env, "ORBIT_SENDER_CONCURRENCY", 8, 1, 256),
-        tick_seconds=_int(env, "ORBIT_TICK_SECONDS", 60, 1, 3600),
-        sender_tick_seconds=_int(env, "ORBIT_SENDER_TICK_SECONDS", 2, 1, 3600),
+        tick_seconds=_seconds(env, "ORBIT_TICK_SECONDS", 60, 1, 3600),
+        sender_tick_seconds=_seconds(env, "ORBIT_SENDER_TICK_SECONDS", 2, 1, 3600),
         actor=env.get("ORBIT_ACTOR") or env.get("USER") or "operator",
         log_format=(_choice(env, "ORBIT_LOG_FORMAT", LOG_FORMATS) or "text").lower(),
         log_level=(_choice(env, "ORBIT_LOG_LEVEL", LOG_LEVELS) or "").upper() or None,
         flower_basic_auth=_basic_auth(env, "ORBIT_FLOWER_BASIC_AUTH"),
-        metrics_cache_seconds=_int(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
+        metrics_cache_seconds=_seconds(env, "ORBIT_METRICS_CACHE_SECONDS", 15, 0, 3600),
         metrics_timeout_seconds=_float(env, "ORBIT_METRICS_TIMEOUT_SECONDS", 5.0, 0.5, 60.0),
         sender_database_configured=bool(env.get("ORBIT_SENDER_DATABASE_URL")),
         sender_retention_seconds=_retention(env, "ORBIT_SENDER_RETENTION"),
@@ -198,6 +231,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         archive_source_url=_source_url(env.get("ORBIT_ARCHIVE_SOURCE_URL") or None, database_url),
         archive_reader=(_choice(env, "ORBIT_ARCHIVE_READER", ARCHIVE_READERS) or "auto").lower(),
+        beat_lease_seconds=(
+            None
+            if not env.get("ORBIT_BEAT_LEASE_SECONDS")
+            else _int(env, "ORBIT_BEAT_LEASE_SECONDS", 0, 1, 30)
+        ),
     )
 
 

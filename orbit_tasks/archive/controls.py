@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from orbit_tasks import units
 from orbit_tasks.errors import InvalidInput
 
 MAX_WINDOWS = 16  # per control (the column holds 16 of "HH:MM-HH:MM," and more)
@@ -122,16 +123,19 @@ def _hhmm(minute: int) -> str:
     return f"{minute // 60:02d}:{minute % 60:02d}"
 
 
-_WINDOW = re.compile(r"^(\d\d):(\d\d)-(\d\d):(\d\d)$")
+_WINDOW = re.compile(r"(\d\d):(\d\d)-(\d\d):(\d\d)", re.ASCII)  # ASCII digits: units.py
 
 
 def parse_window(text: str) -> Window:
     """``HH:MM-HH:MM`` (UTC, 00:00..23:59 each end). ``22:00-02:00`` wraps midnight; equal
     ends would be an empty window and are refused."""
-    m = _WINDOW.match(text.strip())
-    allowed = "(allowed HH:MM-HH:MM, UTC, 00:00..23:59 each end, different ends; may wrap midnight)"
+    m = _WINDOW.fullmatch(text)  # no spaces, ASCII digits (units.py: the one rule)
+    allowed = (
+        "(allowed HH:MM-HH:MM of ASCII digits, UTC, 00:00..23:59 each end, different ends; may "
+        "wrap midnight)"
+    )
     if not m:
-        raise InvalidInput(f"window {text!r} is invalid {allowed}")
+        raise InvalidInput(f"window {units.shown(text)} is invalid {allowed}")
     h1, m1, h2, m2 = (int(g) for g in m.groups())
     if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59:
         raise InvalidInput(f"window {text!r} is invalid {allowed}")
@@ -164,15 +168,15 @@ def in_window(windows: Sequence[Window], now: datetime) -> bool:
 
 
 def validate_rate(raw: str | int) -> int:
-    """``--max-roots-per-second``: an integer 1..10,000,000."""
+    """``--max-roots-per-second``: an integer 1..10,000,000 of ASCII digits (``１０`` and
+    ``' 10'`` are refused, not read as 10: units.py, the one rule of digits)."""
     allowed = f"(allowed an integer 1..{MAX_ROOTS_PER_SECOND:,})"
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
+    value = raw if isinstance(raw, int) else units.ascii_int(raw)
+    if value is None:
         raise InvalidInput(
-            f"{{max_roots_per_second}} {raw!r} is not an integer {allowed}",
+            f"{{max_roots_per_second}} {units.shown(str(raw))} is not an integer {allowed}",
             fields=("max_roots_per_second",),
-        ) from None
+        )
     if not 1 <= value <= MAX_ROOTS_PER_SECOND:
         raise InvalidInput(
             f"{{max_roots_per_second}} {value} is out of range {allowed}",
@@ -182,11 +186,11 @@ def validate_rate(raw: str | int) -> int:
 
 
 def validate_reason(text: str) -> str:
-    if not text.strip() or len(text) > MAX_REASON:
-        raise InvalidInput(
-            f"{{reason}} of {len(text)} characters is invalid (allowed 1..{MAX_REASON} characters)",
-            fields=("reason",),
-        )
+    """The one reason rule (units.text_refusal, the sender's): 1..255 characters of printable
+    text on one line."""
+    refusal = units.text_refusal(text, "{reason}", MAX_REASON)
+    if refusal:
+        raise InvalidInput(refusal, fields=("reason",))
     return text
 
 

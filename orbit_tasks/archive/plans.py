@@ -274,14 +274,24 @@ def check_references(
     *,
     storage_registered: bool,
     latest_policy_revision: int | None,
+    storage_retired: bool = False,
+    storage_before: bytes | None = None,
 ) -> None:
     """What the plan's values name exists: its storage is registered, the namespace has a
-    retention policy for ``kind``, and the confirmed revision is one of its revisions. Raises
-    NotFound / InvalidInput."""
+    retention policy for ``kind``, and the confirmed revision is one of its revisions. A retired
+    storage (issue 27) keeps the disabled plans it has, but no plan is enabled on it or moved to
+    it (``storage_before``: the plan's storage before the change, None for a new plan). Raises
+    NotFound / InvalidInput / IllegalState."""
     if not storage_registered:
         raise NotFound(
             f"storage {values.storage_id.hex()} is not registered (see {{command}})",
             command=Command.STORAGE_LIST,
+        )
+    if storage_retired and (values.enabled or values.storage_id != storage_before):
+        raise IllegalState(
+            f"storage {values.storage_id.hex()} is retired: no plan is enabled on it or moved "
+            "to it (choose another {storage_id})",
+            fields=("storage_id",),
         )
     if latest_policy_revision is None:
         raise NotFound(

@@ -38,6 +38,7 @@ from orbit_tasks.errors import TransientError
 from orbit_tasks.ids import new_id
 from orbit_tasks.logs import log_action
 from orbit_tasks.platform.store import list_storages
+from orbit_tasks.redaction import redact_url
 from orbit_tasks.settings import Settings
 from orbit_tasks.timestamps import format_optional
 
@@ -109,7 +110,11 @@ def run_tick(
                 error=type(exc).__name__,
                 jobs_created=len(report.jobs_created),
             )
-            raise TransientError("broker unavailable; the next tick publishes again") from None
+            broker = f"CELERY_BROKER_URL {redact_url(settings.broker_url)!r}"  # issue 27
+            raise TransientError(
+                f"message broker unavailable ({type(exc).__name__}) [{broker}]; the next tick "
+                "publishes again"
+            ) from None
         if is_transient_db(exc):
             log_action(
                 log,

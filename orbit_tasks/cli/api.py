@@ -6,6 +6,7 @@ import logging
 
 import click
 
+from orbit_tasks.cli.common import WordChoice, check_listen, server_options
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.db.schema_check import require_schema
 from orbit_tasks.logs import configure_from_settings
@@ -19,17 +20,10 @@ def api_group() -> None:
 
 
 @api_group.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option(
-    "--port",
-    type=click.IntRange(1, 65535),
-    default=8080,
-    show_default=True,
-    help="TCP port (1..65535).",
-)
+@server_options(8080)
 @click.option(
     "--log-level",
-    type=click.Choice(LOG_LEVELS),
+    type=WordChoice(LOG_LEVELS),
     default="info",
     show_default=True,
     help="Level of the server's and the API's log lines.",
@@ -39,6 +33,7 @@ def serve(host: str, port: int, log_level: str) -> None:
 
     Access log lines carry method, path and status only; tokens, idempotency keys and request
     bodies are never logged."""
+    check_listen(host, port)  # a busy port: one line, exit 3 (docs/cli.md "Servers")
     # Imported here: FastAPI and uvicorn (~0.45 s) cost every other `orbit` command.
     import uvicorn
 

@@ -13,7 +13,15 @@ from orbit_tasks.archive import controls as rules
 from orbit_tasks.archive.controls import ControlKind, Scope
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.tick import run_tick
-from orbit_tasks.cli.common import LazyGroup, emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import (
+    IntegerParam,
+    LazyGroup,
+    ReasonParam,
+    emit,
+    emit_list,
+    iso_utc,
+    json_option,
+)
 from orbit_tasks.db.engine import DB_CLOCK
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.errors import InvalidInput, NotFound
@@ -23,7 +31,15 @@ from orbit_tasks.platform.store import get_namespace, resolve_namespace, storage
 from orbit_tasks.settings import get_settings
 
 
-@click.group("archive", cls=LazyGroup, lazy={"restore": "orbit_tasks.cli.restore:archive_restore"})
+@click.group(
+    "archive",
+    cls=LazyGroup,
+    lazy={
+        "restore": "orbit_tasks.cli.restore:archive_restore",
+        "export": "orbit_tasks.cli.export:archive_export",
+        "roots": "orbit_tasks.cli.export:archive_roots",
+    },
+)
 def archive_group() -> None:
     """History archive."""
 
@@ -111,7 +127,12 @@ def _scope_options(fn: Any) -> Any:
 
 @archive_group.command("pause")
 @_scope_options
-@click.option("--reason", required=True, help="Why (shown by `orbit archive controls`).")
+@click.option(
+    "--reason",
+    type=ReasonParam(rules.MAX_REASON),
+    required=True,
+    help="Why (1..255 characters of printable text on one line; `orbit archive controls`).",
+)
 @json_option
 def archive_pause(
     storage: str | None, namespace: str | None, kind: str | None, reason: str, as_json: bool
@@ -141,11 +162,16 @@ def archive_resume(
 @archive_group.command("throttle")
 @click.option("--storage", "storage", help="Registered storage id (32 hex).")
 @click.option("--namespace", "namespace", help="Namespace name or id.")
-@click.option("--max-roots-per-second", "rate", help="Roots per second for the whole scope.")
+@click.option(
+    "--max-roots-per-second",
+    "rate",
+    type=IntegerParam(1, rules.MAX_ROOTS_PER_SECOND),
+    help="Roots per second for the whole scope (1..10,000,000).",
+)
 @click.option("--clear", is_flag=True, help="Remove the throttle of this scope.")
 @json_option
 def archive_throttle(
-    storage: str | None, namespace: str | None, rate: str | None, clear: bool, as_json: bool
+    storage: str | None, namespace: str | None, rate: int | None, clear: bool, as_json: bool
 ) -> None:
     """Pace a scope: at most N roots per second across every worker and job in it."""
     _one_of(storage, namespace)

@@ -104,20 +104,28 @@ def credential_list(ns: str, as_json: bool) -> None:
 
 
 @credential_group.command("revoke")
-@click.argument("credential_id", metavar="ID")
+@click.argument("ns")
+@click.argument("credential_id", metavar="ID", required=False)
 @json_option
-def credential_revoke(credential_id: str, as_json: bool) -> None:
-    """Revoke credential ID (hex). Exit 4 if it does not exist or is already revoked."""
+def credential_revoke(ns: str, credential_id: str | None, as_json: bool) -> None:
+    """Revoke credential ID (hex) of NS (name or id, as `create` and `list` take it). Exit 4 if
+    NS or the credential does not exist, is another namespace's, or is already revoked."""
+    if credential_id is None:
+        # the form before 0.4.0 (`revoke ID`): say what changed instead of "missing argument"
+        raise InvalidInput(
+            "credential revoke takes NS ID, the namespace (name or id) as create and list take "
+            "it, then the credential id (orbit credential list NS shows it)"
+        )
     cred_id = from_hex(credential_id, "credential id")
     with platform_engine().begin() as conn:
-        ns_id = store.credential_namespace(conn, cred_id)
-        if ns_id is None:
-            raise NotFound(f"credential {credential_id} does not exist")
+        namespace = store.resolve_namespace(conn, ns)
+        if store.credential_namespace(conn, cred_id) != namespace.id:
+            raise NotFound(f"credential {credential_id} does not exist in namespace {ns}")
         now = db_now(conn)
         store.revoke_credential(conn, cred_id, now)
         store.insert_audit(
             conn,
-            ns_id,
+            namespace.id,
             actor=get_settings().actor,
             action="credential.revoke",
             target_kind="credential",
@@ -125,9 +133,9 @@ def credential_revoke(credential_id: str, as_json: bool) -> None:
             detail={},
         )
     emit(
-        {"id": cred_id.hex(), "revoked_at": iso_utc(now)},
+        {"id": cred_id.hex(), "namespace_id": namespace.id.hex(), "revoked_at": iso_utc(now)},
         as_json,
-        f"credential {cred_id.hex()} revoked",
+        f"credential {cred_id.hex()} of {namespace.name} revoked",
     )
 
 

@@ -10,7 +10,7 @@ import random
 
 import click
 
-from orbit_tasks.cli.common import emit, json_option
+from orbit_tasks.cli.common import DecimalParam, IntegerParam, emit, json_option
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.dev import generator
@@ -27,17 +27,19 @@ def dev_group() -> None:
 @dev_group.command("seed-history")
 @click.argument("ns")
 @click.option("--kind", required=True, help="History kind (tasks, workflows, events, ...).")
-@click.option("--roots", type=int, required=True, help=f"Root rows (1..{generator.MAX_ROOTS}).")
+@click.option(
+    "--roots", type=IntegerParam(), required=True, help=f"Root rows (1..{generator.MAX_ROOTS})."
+)
 @click.option(
     "--children",
-    type=int,
+    type=IntegerParam(),
     default=None,
     help=f"Children per settled root (0..{generator.MAX_CHILDREN}; default "
     f"{generator.DEFAULT_CHILDREN} for kinds with children, 0 otherwise).",
 )
 @click.option(
     "--days",
-    type=int,
+    type=IntegerParam(),
     default=30,
     show_default=True,
     help=f"Spread settled times over this many days (1..{generator.MAX_DAYS}).",
@@ -45,12 +47,12 @@ def dev_group() -> None:
 @click.option("--random-ids", is_flag=True, help="16 random bytes instead of UUIDv7 ids.")
 @click.option(
     "--settled-fraction",
-    type=float,
+    type=DecimalParam(0.0, 1.0),
     default=0.8,
     show_default=True,
     help="Share of settled roots (0.0..1.0).",
 )
-@click.option("--seed", type=int, default=None, help="Random seed (reproducible rows).")
+@click.option("--seed", type=IntegerParam(), default=None, help="Random seed (reproducible rows).")
 @json_option
 def seed_history(
     ns: str,

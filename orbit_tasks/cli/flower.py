@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from orbit_tasks.cli.common import DurationParam, IntegerParam, check_listen, server_options
 from orbit_tasks.flower_options import (
     PURGE_OFFLINE_WORKERS_SECONDS,
     TASKS_COLUMNS,
@@ -26,6 +27,7 @@ from orbit_tasks.flower_options import (
 )
 from orbit_tasks.logs import configure_from_settings, log_action
 from orbit_tasks.settings import get_settings
+from orbit_tasks.units import format_duration
 
 log = logging.getLogger("orbit.cli.flower")
 
@@ -35,10 +37,7 @@ def _exit_on_sigterm(*_: Any) -> None:
 
 
 @click.command("flower")
-@click.option("--address", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option(
-    "--port", type=click.IntRange(1, 65535), default=5555, show_default=True, help="TCP port."
-)
+@server_options(5555, aliases=("--address",))  # --address: Flower's own name, still accepted
 @click.option(
     "--no-auth",
     is_flag=True,
@@ -47,26 +46,27 @@ def _exit_on_sigterm(*_: Any) -> None:
 )
 @click.option(
     "--max-tasks",
-    type=click.IntRange(1_000, 10_000_000),
+    type=IntegerParam(1_000, 10_000_000),
     default=None,
     help="Tasks kept in memory (default: a day of sender and archive ticks plus 50,000 archive "
     "tasks, from ORBIT_SENDER_TICK_SECONDS and ORBIT_TICK_SECONDS; 140,000 with the defaults).",
 )
 @click.option(
     "--purge-offline-workers",
-    type=click.IntRange(60, 30 * 86_400),
-    default=PURGE_OFFLINE_WORKERS_SECONDS,
+    type=DurationParam(60, 30 * 86_400),
+    default=format_duration(PURGE_OFFLINE_WORKERS_SECONDS),
     show_default=True,
-    help="Seconds after which an offline worker leaves the workers page.",
+    help="How long after going offline a worker leaves the workers page (1m..30d, e.g. 1h).",
 )
 def flower(
-    address: str, port: int, no_auth: bool, max_tasks: int | None, purge_offline_workers: int
+    host: str, port: int, no_auth: bool, max_tasks: int | None, purge_offline_workers: int
 ) -> None:
     """Run Flower (workers, queues, tasks) on the project's Celery app until interrupted.
 
     Requires ORBIT_FLOWER_BASIC_AUTH=user:password[,user:password]. Flower's own /metrics and
     /healthcheck answer without auth: bind to loopback or put Flower behind a proxy."""
     settings = get_settings()
+    address = host
     auth = require_auth(address, no_auth, len(settings.flower_basic_auth))
     history = max_tasks or task_history_size(settings.sender_tick_seconds, settings.tick_seconds)
     configure_from_settings("INFO")
@@ -76,6 +76,7 @@ def flower(
         # With no auth this variable would open Flower's API to every origin (CORS *).
         os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)
 
+    check_listen(address, port)  # a busy port: one line, exit 3 (docs/cli.md "Servers")
     # Imported here: Flower and Celery (~0.4 s) cost every other `orbit` command.
     from flower.app import Flower
     from flower.options import options

@@ -28,7 +28,17 @@ from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as store
 from orbit_tasks.archive.store import source
 from orbit_tasks.archive.wakeups import publish_wakeup
-from orbit_tasks.cli.common import SIZE, LazyGroup, emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import (
+    SIZE,
+    DurationParam,
+    IntegerParam,
+    LazyGroup,
+    WordChoice,
+    emit,
+    emit_list,
+    iso_utc,
+    json_option,
+)
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine, source_engine
@@ -130,8 +140,8 @@ def _range_cut(conn: Any, job: Job) -> dict[str, Any] | None:
 
 @job_group.command("list")
 @click.argument("ns")
-@click.option("--state", type=click.Choice(STATES), default=None, help="Only jobs in this state.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--state", type=WordChoice(STATES), default=None, help="Only jobs in this state.")
+@click.option("--limit", type=IntegerParam(1, 1000), default=50, show_default=True)
 @click.option("--after", "after", default=None, help="Cursor printed by a previous page.")
 @json_option
 def job_list(ns: str, state: str | None, limit: int, after: str | None, as_json: bool) -> None:
@@ -217,15 +227,26 @@ def _range_text(rng: dict[str, Any] | None) -> str:
 @job_group.command("watch")
 @click.argument("ns")
 @click.argument("job")
-@click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True)
-@click.option("--timeout", type=click.FloatRange(0), default=None, help="Give up after seconds.")
+@click.option(
+    "--interval",
+    type=DurationParam(1, 60),
+    default="1s",
+    show_default=True,
+    help="How often to look (1s..60s).",
+)
+@click.option(
+    "--timeout",
+    type=DurationParam(1, 30 * 86400),
+    default=None,
+    help="Give up after this long (1s..30d, e.g. 10m).",
+)
 @click.option(
     "--json",
     "as_json",
     is_flag=True,
     help="One JSON object per change (the job as in `job show --json`, plus total_roots).",
 )
-def job_watch(ns: str, job: str, interval: float, timeout: float | None, as_json: bool) -> None:
+def job_watch(ns: str, job: str, interval: int, timeout: int | None, as_json: bool) -> None:
     """Follow a job's progress until it is SUCCEEDED, FAILED or ABANDONED.
 
     Prints a line (``--json``: an object, line-delimited) whenever the state or the counters
@@ -282,7 +303,7 @@ def _progress(j: Job, total: int | None, st: dict[str, Any]) -> str:
 @click.argument("ns")
 @click.argument("job")
 @click.option("--max-bytes", type=SIZE, default=None, help="Raise the budget (never lower).")
-@click.option("--expect-revision", type=int, default=None, help="Compare-and-set guard.")
+@click.option("--expect-revision", type=IntegerParam(), default=None, help="Compare-and-set guard.")
 @json_option
 def job_retry(
     ns: str, job: str, max_bytes: int | None, expect_revision: int | None, as_json: bool
@@ -308,7 +329,7 @@ def job_retry(
 @job_group.command("abandon")
 @click.argument("ns")
 @click.argument("job")
-@click.option("--expect-revision", type=int, default=None, help="Compare-and-set guard.")
+@click.option("--expect-revision", type=IntegerParam(), default=None, help="Compare-and-set guard.")
 @json_option
 def job_abandon(ns: str, job: str, expect_revision: int | None, as_json: bool) -> None:
     """FAILED, PENDING or expired RUNNING -> ABANDONED; files stay on the volume."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from orbit_tasks.cli.common import check_listen, server_options
 from orbit_tasks.settings import get_settings
 
 # Outside the Prometheus exporter port registry's 9100-9999 (fully allocated), and neither
@@ -17,17 +18,11 @@ def metrics_group() -> None:
 
 
 @metrics_group.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port",
-    type=click.IntRange(1, 65535),
-    default=DEFAULT_PORT,
-    show_default=True,
-    help="TCP port (not celery-exporter's 9808: docs/metrics.md).",
-)
+@server_options(DEFAULT_PORT)  # not celery-exporter's 9808: docs/metrics.md
 def serve(host: str, port: int) -> None:
     """Serve /metrics in the Prometheus text format, read at scrape time (cached for
     ORBIT_METRICS_CACHE_SECONDS, each source bounded by ORBIT_METRICS_TIMEOUT_SECONDS)."""
+    check_listen(host, port)  # a busy port: one line, exit 3 (docs/cli.md "Servers")
     # Imported here: the exporter and Celery (~0.5 s) cost every other `orbit` command.
     from orbit_tasks.celery_app import app
     from orbit_tasks.metrics import server

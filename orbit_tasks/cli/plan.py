@@ -14,7 +14,15 @@ from orbit_tasks.archive.controls import ControlKind
 from orbit_tasks.archive.engine import preview as plan_preview
 from orbit_tasks.archive.store import plans as plan_store
 from orbit_tasks.archive.wakeups import publish_tick
-from orbit_tasks.cli.common import DURATION, SIZE, emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import (
+    DURATION,
+    SIZE,
+    IntegerParam,
+    emit,
+    emit_list,
+    iso_utc,
+    json_option,
+)
 from orbit_tasks.db.engine import DB_CLOCK, db_now
 from orbit_tasks.db.faults import is_transient_db
 from orbit_tasks.db.registry import platform_engine, source_engine
@@ -47,11 +55,13 @@ def _view(plan: plan_store.Plan, ns_name: str, latest: int | None, now: Any) -> 
 @click.argument("kind")
 @click.option("--storage", "storage", help="Registered storage id (32 hex). Required on create.")
 @click.option("--interval", type=DURATION, help="Period, 1h..30d (e.g. 1d). Required on create.")
-@click.option("--batch-size", type=int, help="Roots per batch file, 1..100. Required on create.")
+@click.option(
+    "--batch-size", type=IntegerParam(), help="Roots per batch file, 1..100. Required on create."
+)
 @click.option("--max-bytes", type=SIZE, help="Byte budget of new jobs, 1MiB..1GiB.")
 @click.option(
     "--policy-revision",
-    type=int,
+    type=IntegerParam(),
     help="Retention policy revision you confirm (must name it explicitly on create).",
 )
 @click.option(
@@ -61,7 +71,9 @@ def _view(plan: plan_store.Plan, ns_name: str, latest: int | None, now: Any) -> 
     help="Trigger new jobs or not (a new plan is disabled unless --enable).",
 )
 @click.option(
-    "--expect-revision", type=int, help="Compare-and-set: refuse unless the plan is at N (0 = new)."
+    "--expect-revision",
+    type=IntegerParam(),
+    help="Compare-and-set: refuse unless the plan is at N (0 = new).",
 )
 @json_option
 def plan_set(

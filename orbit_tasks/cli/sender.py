@@ -9,7 +9,17 @@ from typing import Any
 
 import click
 
-from orbit_tasks.cli.common import LazyGroup, emit, emit_list, json_option
+from orbit_tasks import sender_limits
+from orbit_tasks.cli.common import (
+    DurationParam,
+    IntegerParam,
+    LazyGroup,
+    ReasonParam,
+    WordChoice,
+    emit,
+    emit_list,
+    json_option,
+)
 from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import business_engine
 from orbit_tasks.errors import InvalidInput
@@ -70,13 +80,13 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
 @sender_group.command("list")
 @click.option(
     "--state",
-    type=click.Choice(policy.STATES),
+    type=WordChoice(policy.STATES),
     default=None,
     help="Only rows in this state.",
 )
 @click.option("--namespace", "namespace", default=None, help="Only this namespace (name or id).")
 @click.option(
-    "--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Max rows."
+    "--limit", type=IntegerParam(1, 1000), default=50, show_default=True, help="Max rows."
 )
 @click.option("--after", default=None, help="Cursor NS:OP from the previous page ('next').")
 @click.option(
@@ -235,7 +245,7 @@ def _emit_bulk(items: list[dict[str, Any]], as_json: bool, summary: str) -> None
 @click.argument("op", metavar="OP", required=False)
 @click.option(
     "--code",
-    type=click.Choice(REVIEW_CODES),
+    type=WordChoice(REVIEW_CODES),
     default=None,
     help="Every REVIEW row with this last_code (instead of NS OP).",
 )
@@ -286,10 +296,15 @@ def sender_requeue(
 @sender_group.command("resolve")
 @click.argument("ns", metavar="NS", required=False)
 @click.argument("op", metavar="OP", required=False)
-@click.option("--reason", required=True, help="Why the row is handled (1..500 characters).")
+@click.option(
+    "--reason",
+    type=ReasonParam(policy.MAX_REASON_CHARS),
+    required=True,
+    help="Why the row is handled (1..500 characters of printable text on one line).",
+)
 @click.option(
     "--code",
-    type=click.Choice(REVIEW_CODES),
+    type=WordChoice(REVIEW_CODES),
     default=None,
     help="Every unresolved REVIEW row with this last_code (instead of NS OP).",
 )
@@ -339,6 +354,7 @@ def sender_resolve(
 @click.option(
     "--older-than",
     "older_than",
+    type=DurationParam(sender_limits.MIN_RETENTION_SECONDS, sender_limits.MAX_RETENTION_SECONDS),
     required=True,
     help="Prune ACCEPTED rows (and resolved REVIEW rows) last changed before this "
     "long ago, e.g. 7d (s, m, h, d; 1s..3650d).",
@@ -346,13 +362,11 @@ def sender_resolve(
 @click.option("--namespace", "namespace", default=None, help="Only this namespace (name or id).")
 @click.option("--dry-run", is_flag=True, help="Count what would be pruned, change nothing.")
 @json_option
-def sender_prune(older_than: str, namespace: str | None, dry_run: bool, as_json: bool) -> None:
+def sender_prune(older_than: int, namespace: str | None, dry_run: bool, as_json: bool) -> None:
     """Remove old ACCEPTED outbox rows (and resolved REVIEW rows) in short keyset-page
     transactions, keeping a compact record of each (sender_pruned), so that enqueue() of a
     pruned operation answers as before. PENDING and SENDING rows, and sender_jobs, stay."""
-    seconds, refusal = policy.parse_retention(older_than, "--older-than")
-    if refusal:
-        raise InvalidInput(refusal)
+    seconds = older_than  # the one duration parser (cli/common.DurationParam), 1s..3650d
     scope = None if namespace is None else _namespace(namespace)
     report = sender_retention.prune(
         business_engine(), older_than_seconds=seconds, namespace_id=scope, dry_run=dry_run

@@ -33,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from orbit_tasks import failpoints
@@ -46,13 +47,29 @@ from orbit_tasks.archive.s3_locations import (
     is_s3_url,
     parse_s3_url,
 )
+from orbit_tasks.archive.store.controls import PLATFORM_NAMESPACE
 from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.namespace import (
+    ACTIVE_JOB_STATES,
+    RETIRED_COLUMNS,
+    checked_reason,
+    retired_fields,
+)
 from orbit_tasks.cli.places import COMMAND_RETRY_SECONDS, refuse_s3_options
+from orbit_tasks.db.engine import db_now
 from orbit_tasks.db.registry import platform_engine
 from orbit_tasks.error_lines import describe_database_error
-from orbit_tasks.errors import ConflictError, InvalidInput, OrbitError
-from orbit_tasks.ids import new_id
+from orbit_tasks.errors import (
+    ConflictError,
+    IllegalState,
+    InvalidInput,
+    NotFound,
+    OrbitError,
+)
+from orbit_tasks.ids import from_hex, is_hex_id, new_id
 from orbit_tasks.platform import store
+from orbit_tasks.platform.store import RetiredKind, Retirement
+from orbit_tasks.settings import get_settings
 
 MAX_LABEL = 128
 
@@ -255,20 +272,25 @@ def _create_s3(storage: S3Storage, loc: S3Location, storage_id: bytes, label: st
 
 
 @storage_group.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Also the retired storages.")
 @json_option
-def storage_list(as_json: bool) -> None:
-    """List registered storages (id, label, created_at, and an S3 storage's location)."""
+def storage_list(show_all: bool, as_json: bool) -> None:
+    """List registered storages (id, label, created_at, and an S3 storage's location); retired
+    ones only with --all, which adds retired_at, retired_by and retired_reason."""
     with platform_engine().begin() as conn:
+        retired = store.retirements_of(conn, RetiredKind.STORAGE) if show_all else {}
         rows = [
             {
                 "id": s["storage_id"],
                 "label": s["label"],
                 "created_at": iso_utc(s["created_at"]),
                 "location": _location(s),
+                **(retired_fields(retired.get(from_hex(s["storage_id"]))) if show_all else {}),
             }  # fmt: skip
-            for s in store.list_storages(conn)
+            for s in store.list_storages(conn, retired=show_all)
         ]
-    emit_list(rows, as_json, ["id", "label", "created_at", "location"])
+    columns = ["id", "label", "created_at", "location"]
+    emit_list(rows, as_json, columns + (RETIRED_COLUMNS if show_all else []))
 
 
 def _location(s: dict[str, object]) -> str:
@@ -277,6 +299,87 @@ def _location(s: dict[str, object]) -> str:
         return ""
     url = S3Location(str(s["bucket"]), str(s["prefix"])).url
     return f"{url} at {s['endpoint']}" if s["endpoint"] else url
+
+
+# --- storage retire (issue 27; helper of its own, after the commands above) -------------------
+
+
+@storage_group.command("retire")
+@click.argument("storage")
+@click.option("--reason", required=True, help="Why (1..500 characters, one line); recorded.")
+@json_option
+def storage_retire(storage: str, reason: str, as_json: bool) -> None:
+    """Retire STORAGE (its id, or a label only one storage has): it leaves `storage list` (see
+    --all), the metrics and the broker probe, and gets no new plans or jobs; its archives stay
+    readable (job verify|export|restore, archive restore with --volume).
+
+    Refused (exit 3) while enabled plans or PENDING, RUNNING or FAILED jobs are on it. Retiring a
+    retired storage changes nothing (exit 0). Audited (archive.storage.retire). Nothing is
+    written to the volume.
+    """
+    checked_reason(reason)
+    actor = get_settings().operator
+    with platform_engine().begin() as conn:
+        storage_id, label = _storage_by_ref(conn, storage)
+        now = db_now(conn)
+        earlier = store.insert_retirement(
+            conn, RetiredKind.STORAGE, storage_id, reason=reason, actor=actor, at=now
+        )
+        if earlier is None:
+            found = store.holds(conn, storage_id=storage_id, active_states=ACTIVE_JOB_STATES)
+            if found:
+                raise IllegalState(
+                    f"storage {storage_id.hex()} ({label!r}) cannot be retired: it holds "
+                    f"{found.describe()}; disable the plans (`orbit plan set NS KIND --disable`) "
+                    "and retry or abandon the jobs (`orbit job abandon NS JOB`) first"
+                )
+            store.insert_audit(
+                conn,
+                PLATFORM_NAMESPACE,
+                actor=actor,
+                action="archive.storage.retire",
+                target_kind="archive_storage",
+                target_id=storage_id.hex(),
+                detail={"label": label, "reason": reason},
+                at=now,
+            )
+    done = earlier or Retirement(RetiredKind.STORAGE, storage_id, reason, actor, now)
+    data = {
+        "id": storage_id.hex(),
+        "label": label,
+        "retired": earlier is None,
+        **retired_fields(done),
+    }
+    human = (
+        f"retired storage {storage_id.hex()} ({label!r})"
+        if earlier is None
+        else f"storage {storage_id.hex()} ({label!r}) was already retired at "
+        f"{iso_utc(earlier.retired_at)} by {earlier.retired_by}; nothing changed"
+    )
+    emit(data, as_json, human)
+
+
+def _storage_by_ref(conn: Connection, ref: str) -> tuple[bytes, str]:
+    """A storage by its id (32 hex) or by a label only one storage has: (id, label). Exit 4
+    when none matches, 2 when the label names several storages or is empty."""
+    if not ref:
+        raise InvalidInput("storage '' is invalid: give its id (32 hex) or its label")
+    if is_hex_id(ref):
+        label = store.storage_label(conn, from_hex(ref))
+        if label is not None:
+            return from_hex(ref), label
+    found = store.storages_labelled(conn, ref)
+    if not found:
+        raise NotFound(
+            f"storage {ref!r} is not registered: no storage has this id or label "
+            "(see `orbit storage list --all`)"
+        )
+    if len(found) > 1:
+        ids = ", ".join(s.hex() for s in found)
+        raise InvalidInput(
+            f"storage label {ref!r} names {len(found)} storages ({ids}); give the id of one"
+        )
+    return found[0], ref
 
 
 def register(cli: click.Group) -> None:

@@ -28,14 +28,14 @@ import click
 
 from orbit_tasks.archive.engine.storage import volumes_env
 from orbit_tasks.archive.s3_locations import S3Location
-from orbit_tasks.cli.common import emit
+from orbit_tasks.cli.common import IntegerParam, WordChoice, emit
 from orbit_tasks.cli.places import open_place
 from orbit_tasks.db.registry import business_engine, platform_engine
 from orbit_tasks.db.schema_check import Chain, require_schema
 from orbit_tasks.errors import ConflictError, NotFound
 from orbit_tasks.platform import store
 from orbit_tasks.queues import CONTROL_QUEUE, SENDER_QUEUE, queue_name
-from orbit_tasks.settings import get_settings
+from orbit_tasks.settings import LOG_LEVELS, get_settings
 from orbit_tasks.start_checks import (
     CHECKED_ENV,
     SOURCE_CHECKED,
@@ -101,16 +101,18 @@ def _exec(argv: list[str], env: dict[str, str], print_only: bool) -> None:
 
 _common = [
     click.argument("celery_args", nargs=-1, type=click.UNPROCESSED),
-    click.option("--concurrency", "-c", type=click.IntRange(1, 256), default=1, show_default=True),
+    click.option("--concurrency", "-c", type=IntegerParam(1, 256), default=1, show_default=True),
     click.option("--name", "-n", default=None, help="Node name (default <kind>-<pid>@<host>)."),
     click.option(
         "--pool",
-        type=click.Choice(["prefork", "solo", "threads"]),
+        type=WordChoice(["prefork", "solo", "threads"]),
         default="prefork",
         show_default=True,
         help="Celery pool (time limits are enforced by prefork only).",
     ),
-    click.option("--loglevel", "-l", default="INFO", show_default=True),
+    click.option(
+        "--loglevel", "-l", type=WordChoice(LOG_LEVELS), default="INFO", show_default=True
+    ),
     click.option(
         "--print-command", is_flag=True, help="Print the celery command as JSON; do not start it."
     ),
@@ -233,10 +235,12 @@ def _require_api() -> None:
 
 
 @click.command("beat")
-@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--loglevel", "-l", type=WordChoice(LOG_LEVELS), default="INFO", show_default=True)
 @click.option("--print-command", is_flag=True, help="Print the celery command as JSON only.")
 def beat(loglevel: str, print_command: bool) -> None:
-    """Run Celery beat (exactly one per deployment); its schedule file lives under var/."""
+    """Run Celery beat. Several may run (one per node): the one holding the database lease
+    publishes the ticks, the others stand by and log it (docs/operations.md "Several beats").
+    Its schedule file lives under var/ (one per process)."""
     env = dict(os.environ)
     _require_schemas(env, *beat_chains())
     var_dir = get_settings().var_dir

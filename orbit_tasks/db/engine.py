@@ -48,6 +48,9 @@ def is_mariadb(bind: Engine | Connection) -> bool:
 
 # The databases this product runs on (SPEC §2); SQLite through the standard library's driver.
 _SCHEMES = "mysql://, mariadb:// or sqlite:///"
+#: Every scheme with a driver that is accepted; ``mariadb://`` is used as ``mysql+mysqldb://``
+#: (:func:`make_engine`, documented in docs/cli.md).
+_SUPPORTED = "mysql://, mysql+mysqldb://, mariadb://, mariadb+mysqldb:// or sqlite:///"
 _EXAMPLE = "e.g. mysql://user@host:3306/orbit or sqlite:///var/platform.sqlite3"
 
 
@@ -83,6 +86,13 @@ def parse_database_url(url: str, what: str = "database URL") -> URL:
                 "built-in driver)"
             )
         return parsed
+    if driver not in ("", "mysqldb"):
+        # refused, not rewritten to mysqldb behind the operator's back (issue 27): another
+        # driver's options in the URL would be read by mysqlclient or silently dropped
+        raise InvalidInput(
+            f"{shown} names the driver {driver!r}, which is not supported (allowed: "
+            f"{_SUPPORTED}; the MySQL/MariaDB driver is mysqlclient)"
+        )
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise InvalidInput(f"{shown}: port {parsed.port} is out of range (allowed 1..65535)")
     if not parsed.database:

@@ -446,3 +446,38 @@ job_checks = Table(
     comment="progress of an archive job's final re-verification, written under its lease",
     **MYSQL_TABLE,
 )
+
+# Revision p0007 (issue 27): retired storages and namespaces (docs/operations.md "Retiring a
+# storage or a namespace"). A row per retired one; nothing else of it changes, except that a
+# retired namespace's state is DISABLED.
+RETIREMENT_KINDS = ("storage", "namespace")
+retirements = Table(
+    "orbit_retirements",
+    metadata,
+    Column("target_kind", Str(16), nullable=False, comment="storage or namespace"),
+    Column("target_id", Id16(), nullable=False, comment="the storage's or namespace's id"),
+    Column("reason", Str(500), nullable=False, comment="why, one line"),
+    Column("retired_by", Str(128), nullable=False, comment="the operator"),
+    Column("retired_at", DateTime6(), nullable=False, server_default=utc_now_default()),
+    PrimaryKeyConstraint("target_kind", "target_id"),
+    CheckConstraint("target_kind IN ('storage','namespace')", name="ck_retirement_kind"),
+    comment="retired archive storages and namespaces: out of lists and gauges, no new work",
+    **MYSQL_TABLE,
+)
+
+# Revision p0012 (issue 30 item 3): the beat leader. Several `orbit beat` processes may run; the
+# one holding this lease publishes the ticks (docs/operations.md "Several beats").
+beat_leaders = Table(
+    "orbit_beat_leaders",
+    metadata,
+    Column("name", Ascii(64), nullable=False, comment="the schedule led: always 'beat'"),
+    Column("holder", Ascii(255), nullable=False, comment="host:pid of the leader"),
+    Column("lease_id", Id16(), nullable=False, comment="random per beat process"),
+    Column("epoch", UBigInt(), nullable=False, comment="+1 at every change of leader"),
+    Column("lease_until", DateTime6(), nullable=False, comment="database clock"),
+    Column("acquired_at", DateTime6(), nullable=False, comment="when this leader took over"),
+    Column("last_tick_at", DateTime6(), nullable=True, comment="last tick the leader sent"),
+    PrimaryKeyConstraint("name"),
+    comment="the beat leader's lease (one row per schedule)",
+    **MYSQL_TABLE,
+)

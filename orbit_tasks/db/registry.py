@@ -86,6 +86,15 @@ def source_engine() -> Engine:
     )
 
 
+def beat_engine(lease_seconds: int) -> Engine:
+    """The platform database as the beat leader sees it (issue 30 item 3): session bounds from
+    the beat's own short lease, so that a cut-off leader's renewal fails within seconds."""
+    settings = get_settings()
+    return _engine(
+        settings.database_url, "ORBIT_DATABASE_URL", "orbit db upgrade", False, lease_seconds
+    )
+
+
 def business_engine(*, create: bool = False) -> Engine:
     settings = get_settings()
     return _engine(

@@ -79,6 +79,7 @@ class OrbitCollector(Collector):
         self._taken_at = 0.0
         self._inflight: dict[str, SourceCall] = {}
         self._known_storages: tuple[bytes, ...] = ()
+        self._known_names: dict[str, str] = {}
 
     def collect(self) -> Iterator[Metric]:
         return iter(build(self.snapshot()))
@@ -130,12 +131,14 @@ class OrbitCollector(Collector):
             values[name], seconds[name] = self._outcome(name, call, deadline)
         if values["platform_db"] is not None:
             self._known_storages = values["platform_db"].storages
+            self._known_names = dict(values["platform_db"].namespace_names)
         return Snapshot(
             platform=values["platform_db"],
             business=values.get("business_db"),
             broker=values["broker"],
             business_configured=self.business is not None,
             read_seconds=seconds,
+            namespace_names=self._known_names,
         )
 
     def _start(self, name: str, fn: Callable[[], Any]) -> SourceCall | None:

@@ -55,6 +55,9 @@ EXTRA_METRICS = (
     "orbit_archive_plan_backlog_roots",
     "orbit_archive_plan_backlog_seconds",
     "orbit_archive_plan_interval_seconds",
+    "orbit_beat_leader",
+    "orbit_beat_last_tick_age_seconds",
+    "orbit_archive_storage_info",
 )
 METRIC_NAMES = CONTRACT_METRICS + EXTRA_METRICS
 
@@ -84,6 +87,16 @@ def backlog_roots(
 
 
 @dataclass(frozen=True)
+class BeatReading:
+    """The beat leader's lease (issue 30 item 3) at the database clock."""
+
+    holder: str  # host:pid of the leader ("" before any beat led)
+    epoch: int  # +1 at every change of leader
+    leading: bool  # its lease has not expired
+    since_tick_seconds: float  # since its last tick (since it took over when it sent none)
+
+
+@dataclass(frozen=True)
 class PlatformReading:
     """Archive state read from the platform database, all at the database clock ``now``."""
 
@@ -103,6 +116,14 @@ class PlatformReading:
     waiting: Mapping[tuple[bytes, str], int] = field(default_factory=dict)
     # every enabled plan's backlog (issue 25 item 4), probed as metrics/sources.py says
     backlogs: tuple[PlanBacklog, ...] = ()
+    # the beat leader's lease (issue 30 item 3); None before any beat ran
+    beat: BeatReading | None = None
+    # issue 27: each storage's label (the ``storage_label`` beside ``storage``), every
+    # namespace's name by hex id (the ``namespace`` beside ``namespace_id``), and the retired
+    # storages, whose jobs (all finished) are left out of every family
+    storage_labels: Mapping[bytes, str] = field(default_factory=dict)
+    namespace_names: Mapping[str, str] = field(default_factory=dict)
+    retired: frozenset[bytes] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,15 @@ class Snapshot:
     broker: BrokerReading | None
     business_configured: bool
     read_seconds: Mapping[str, float] = field(default_factory=dict)
+    # namespace hex id -> name, from this read of the platform database or the last one that
+    # answered (the outbox's holds name their namespace even while the platform is down)
+    namespace_names: Mapping[str, str] = field(default_factory=dict)
+
+
+def storage_label_value(storage: bytes, labels: Mapping[bytes, str]) -> str:
+    """The ``storage_label`` of a storage: its label, or its id when it has none (Prometheus
+    drops an empty label, and ``by (storage_label)`` would lump the unlabelled together)."""
+    return labels.get(storage) or storage.hex()
 
 
 def queues_for(storages: Sequence[bytes]) -> list[str]:
@@ -210,33 +240,44 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
                     "orbit_archive_storage_unserved",
                     "1 when the storage has PENDING or lease-expired jobs and no worker "
                     "consumes its queue, else 0",
-                    labels=["storage"],
+                    labels=STORAGE_LABELS,
                 )
                 for storage, flag in flags.items():
-                    fam.add_metric([storage.hex()], float(flag))
+                    fam.add_metric(_storage(snap.platform, storage), float(flag))
                 yield fam
     if snap.business is not None:
-        yield from _outbox(snap.business)
+        yield from _outbox(snap.business, snap.namespace_names)
+
+
+#: The labels of a storage in every family keyed by storage (issue 27): the id, and the label.
+STORAGE_LABELS = ["storage", "storage_label"]
+
+
+def _storage(p: PlatformReading, storage: bytes) -> list[str]:
+    return [storage.hex(), storage_label_value(storage, p.storage_labels)]
 
 
 def _archive(p: PlatformReading) -> Iterator[Metric]:
+    yield _storage_info(p)
     jobs = GaugeMetricFamily(
-        "orbit_archive_jobs", "Archive jobs in each state", labels=["storage", "kind", "state"]
+        "orbit_archive_jobs",
+        "Archive jobs in each state",
+        labels=[*STORAGE_LABELS, "kind", "state"],
     )
-    pairs = sorted({(s, k) for s, k, _state in p.jobs})
+    pairs = sorted({(s, k) for s, k, _state in p.jobs if s not in p.retired})
     for storage, kind in pairs:
         for state in JOB_STATES:
             count = p.jobs.get((storage, kind, state), 0)
-            jobs.add_metric([storage.hex(), kind, state], float(count))
+            jobs.add_metric([*_storage(p, storage), kind, state], float(count))
     yield jobs
     confirmed = GaugeMetricFamily(
         "orbit_archive_confirmed_bytes",
         "Bytes of archive files confirmed in the database (manifest and batches), all jobs",
-        labels=["storage", "kind"],
+        labels=[*STORAGE_LABELS, "kind"],
     )
     for storage, kind in pairs:
         size = p.confirmed_bytes.get((storage, kind), 0)
-        confirmed.add_metric([storage.hex(), kind], float(size))
+        confirmed.add_metric([*_storage(p, storage), kind], float(size))
     yield confirmed
     for name, help_text, values in (
         ("orbit_archive_confirmed_roots", "Root records in confirmed archive files, all jobs",
@@ -246,20 +287,21 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
         ("orbit_archive_claims", "Claims archive jobs took (from PENDING, chained after each "
          "confirmed file, and takeovers), all jobs", p.claims),
     ):  # fmt: skip
-        fam = GaugeMetricFamily(name, help_text, labels=["storage", "kind"])
+        fam = GaugeMetricFamily(name, help_text, labels=[*STORAGE_LABELS, "kind"])
         for storage, kind in pairs:
-            fam.add_metric([storage.hex(), kind], float(values.get((storage, kind), 0)))
+            fam.add_metric([*_storage(p, storage), kind], float(values.get((storage, kind), 0)))
         yield fam
     failed = GaugeMetricFamily(
         "orbit_archive_jobs_failed",
         "FAILED archive jobs awaiting an operator, by error code",
-        labels=["storage", "error_code"],
+        labels=[*STORAGE_LABELS, "error_code"],
     )
     codes = [c.value for c in ErrorCode]
     extra_codes = sorted({code for _s, code in p.failed if code not in codes})
     for storage in p.storages:
         for code in codes + extra_codes:
-            failed.add_metric([storage.hex(), code], float(p.failed.get((storage, code), 0)))
+            n = float(p.failed.get((storage, code), 0))
+            failed.add_metric([*_storage(p, storage), code], n)
     yield failed
     per_storage = (
         (
@@ -280,19 +322,19 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
         ),
     )
     for name, doc, value in per_storage:
-        fam = GaugeMetricFamily(name, doc, labels=["storage"])
+        fam = GaugeMetricFamily(name, doc, labels=STORAGE_LABELS)
         for storage in p.storages:
-            fam.add_metric([storage.hex()], value(storage))
+            fam.add_metric(_storage(p, storage), value(storage))
         yield fam
     waiting = GaugeMetricFamily(
         "orbit_archive_jobs_waiting",
         "PENDING archive jobs waiting for a control or the load guard, by reason",
-        labels=["storage", "reason"],
+        labels=[*STORAGE_LABELS, "reason"],
     )
     for storage in p.storages:
         for reason in WaitReason:
             n = p.waiting.get((storage, reason.value), 0)
-            waiting.add_metric([storage.hex(), reason.value], float(n))
+            waiting.add_metric([*_storage(p, storage), reason.value], float(n))
     yield waiting
     for name, doc, value in (
         ("orbit_archive_plan_backlog_roots", "Roots settled and not yet archived by a SUCCEEDED "
@@ -307,6 +349,39 @@ def _archive(p: PlatformReading) -> Iterator[Metric]:
         for b in p.backlogs:
             fam.add_metric([b.namespace, b.kind], value(b))
         yield fam
+    yield from _beat(p.beat)
+
+
+def _beat(beat: BeatReading | None) -> Iterator[Metric]:
+    """The beat leader (issue 30 item 3): who leads (1 while its lease holds, 0 once it expired
+    with no standby taking over) and the time since the last tick any leader sent."""
+    leader = GaugeMetricFamily(
+        "orbit_beat_leader",
+        "The beat holding the leader's lease (host:pid): 1 while the lease holds, else 0",
+        labels=["holder", "epoch"],
+    )
+    age = GaugeMetricFamily(
+        "orbit_beat_last_tick_age_seconds",
+        "Seconds since the beat leader last sent a tick (since it took over if it sent none)",
+    )
+    if beat is not None:
+        leader.add_metric([beat.holder, str(beat.epoch)], 1.0 if beat.leading else 0.0)
+        age.add_metric([], beat.since_tick_seconds)
+    yield leader
+    yield age
+
+
+def _storage_info(p: PlatformReading) -> Metric:
+    """One series per registered, not retired storage: joins its label onto the families that
+    carry only the id (the workers' counters: ``* on (storage) group_left (storage_label)``)."""
+    info = GaugeMetricFamily(
+        "orbit_archive_storage_info",
+        "1 for every registered storage that is not retired, with its label",
+        labels=STORAGE_LABELS,
+    )
+    for storage in p.storages:
+        info.add_metric(_storage(p, storage), 1.0)
+    return info
 
 
 def _queues(b: BrokerReading, storages: Sequence[bytes]) -> Iterator[Metric]:
@@ -329,7 +404,7 @@ def _queues(b: BrokerReading, storages: Sequence[bytes]) -> Iterator[Metric]:
     yield consumers
 
 
-def _outbox(b: BusinessReading) -> Iterator[Metric]:
+def _outbox(b: BusinessReading, namespace_names: Mapping[str, str]) -> Iterator[Metric]:
     rows = GaugeMetricFamily("orbit_outbox_rows", "Outbox rows by state", labels=["state"])
     states = list(OUTBOX_STATES) + sorted(s for s in b.rows if s not in OUTBOX_STATES)
     for state in states:
@@ -357,8 +432,9 @@ def _outbox(b: BusinessReading) -> Iterator[Metric]:
     held = GaugeMetricFamily(
         "orbit_outbox_queue_held_seconds",
         "Seconds left of a Retry-After hold of an outbox queue (nothing of it is claimed before)",
-        labels=["namespace_id", "queue_id"],
+        labels=["namespace_id", "namespace", "queue_id"],
     )
     for (namespace_id, queue_id), seconds in sorted(b.holds.items()):
-        held.add_metric([namespace_id, queue_id], seconds)
+        name = namespace_names.get(namespace_id.lower(), "")
+        held.add_metric([namespace_id, name, queue_id], seconds)
     yield held

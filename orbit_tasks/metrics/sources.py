@@ -23,10 +23,12 @@ from sqlalchemy.engine import make_url
 from orbit_tasks.archive.jobs import JobFailure, JobState
 from orbit_tasks.archive.store import controls as control_store
 from orbit_tasks.archive.store import jobs as job_store
-from orbit_tasks.db.engine import db_now, is_mysql, make_engine
+from orbit_tasks.beat import store as beat_store
+from orbit_tasks.db.engine import FixedClock, db_now, is_mysql, make_engine
 from orbit_tasks.metrics import store
 from orbit_tasks.metrics.families import (
     NEAR_DEADLINE,
+    BeatReading,
     BusinessReading,
     PlanBacklog,
     PlatformReading,
@@ -133,7 +135,8 @@ class PlatformSource:
         (the broker probe needs them for the queue names)."""
         with snapshot_connection(self.engine) as conn:
             now = db_now(conn)
-            storages = store.registered_storages(conn)
+            registered = store.registered_storages(conn)
+            storages = tuple(registered.live)
             if on_storages is not None:
                 on_storages(storages)
             tally = self._terminal_tally(conn, now)
@@ -148,8 +151,13 @@ class PlatformSource:
             )
             waiting = control_store.waiting_counts(conn)
             backlogs = self._plan_backlogs(conn, now)
+            beat = _beat_reading(conn, now)
+            names = store.namespace_names(conn)
         reading = _assemble(now, storages, tally.counts, recent, active, overdue)
-        return replace(reading, waiting=waiting, backlogs=backlogs)
+        return replace(
+            reading, waiting=waiting, backlogs=backlogs, storage_labels=registered.live,
+            namespace_names=names, retired=registered.retired, beat=beat,
+        )  # fmt: skip
 
     def _plan_backlogs(self, conn: Connection, now: dt.datetime) -> tuple[PlanBacklog, ...]:
         """Every enabled plan's backlog: the range a job created now would have (its ``from`` =
@@ -197,6 +205,20 @@ class PlatformSource:
             tally = self._tally = _Tally(cut, self.clock(), counts)
             self.recounts += 1
         return tally
+
+
+def _beat_reading(conn: Connection, now: dt.datetime) -> BeatReading | None:
+    """The beat leader's lease (issue 30 item 3), at the clock of this reading."""
+    lease = beat_store.read(conn, FixedClock(now))
+    if lease is None:
+        return None
+    last = lease.last_tick_at or lease.acquired_at
+    return BeatReading(
+        holder=lease.holder,
+        epoch=int(lease.epoch),
+        leading=lease.lease_until >= now,
+        since_tick_seconds=max(0.0, (now - last).total_seconds()),
+    )
 
 
 def _assemble(

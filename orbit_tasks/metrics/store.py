@@ -25,8 +25,15 @@ from sqlalchemy import Connection, Select, and_, case, func, or_, select, true
 from orbit_tasks.archive.jobs import JobState
 from orbit_tasks.archive.ranges import ArchiveRange
 from orbit_tasks.db.business_tables import sender_outbox, sender_resolutions
-from orbit_tasks.db.platform_tables import archive_jobs, archive_plans, archive_storages, namespaces
+from orbit_tasks.db.platform_tables import (
+    archive_jobs,
+    archive_plans,
+    archive_storages,
+    namespaces,
+    retirements,
+)
 from orbit_tasks.platform.history import history_kind
+from orbit_tasks.platform.store import RetiredKind
 from orbit_tasks.sender import holds as sender_holds
 from orbit_tasks.sender.store import deadlines as sender_deadlines
 
@@ -77,11 +84,39 @@ def _count_if(cond: Any) -> Any:
 
 
 def storages_query() -> Select[Any]:
-    return select(archive_storages.c.storage_id).order_by(archive_storages.c.storage_id)
+    """Every registered storage with its label and whether it is retired (issue 27)."""
+    s, r = archive_storages.c, retirements.c
+    return (
+        select(s.storage_id, s.label, r.target_id.is_not(None).label("retired"))
+        .select_from(
+            archive_storages.outerjoin(
+                retirements,
+                and_(r.target_kind == RetiredKind.STORAGE.value, r.target_id == s.storage_id),
+            )
+        )
+        .order_by(s.storage_id)
+    )
 
 
-def registered_storages(conn: Connection) -> tuple[bytes, ...]:
-    return tuple(bytes(r[0]) for r in conn.execute(storages_query()))
+class Storages(NamedTuple):
+    """The registered storages: id -> label of those not retired, and the retired ones."""
+
+    live: dict[bytes, str]
+    retired: frozenset[bytes]
+
+
+def registered_storages(conn: Connection) -> Storages:
+    rows = conn.execute(storages_query()).all()
+    return Storages(
+        {bytes(r.storage_id): str(r.label) for r in rows if not r.retired},
+        frozenset(bytes(r.storage_id) for r in rows if r.retired),
+    )
+
+
+def namespace_names(conn: Connection) -> dict[str, str]:
+    """Namespace hex id -> name, every namespace (a small registry, read whole)."""
+    rows = conn.execute(select(namespaces.c.id, namespaces.c.name))
+    return {bytes(r[0]).hex(): str(r[1]) for r in rows}
 
 
 def active_jobs_query(storages: Sequence[bytes], now: dt.datetime) -> Select[Any]:

@@ -4,25 +4,30 @@ caller's transaction, so that a check and the write it guards commit together.""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import re
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, func, insert, select, true, update
 from sqlalchemy.exc import IntegrityError
 
 from orbit_tasks.db.history_tables import audit_events
 from orbit_tasks.db.platform_tables import (
+    archive_jobs,
     archive_object_storages,
+    archive_plans,
     archive_policies,
     archive_storages,
     credentials,
     namespaces,
     queues,
+    retirements,
 )
 from orbit_tasks.errors import ConflictError, IllegalState, InvalidInput, NotFound
 from orbit_tasks.ids import from_hex, is_hex_id, new_id
@@ -99,8 +104,12 @@ def create_namespace(conn: Connection, name: str) -> bytes:
     return ns_id
 
 
-def list_namespaces(conn: Connection) -> list[Namespace]:
-    rows = conn.execute(select(namespaces).order_by(namespaces.c.name)).all()
+def list_namespaces(conn: Connection, *, retired: bool = True) -> list[Namespace]:
+    """Every namespace by name; ``retired=False`` leaves the retired ones out."""
+    query = select(namespaces).order_by(namespaces.c.name)
+    if not retired:
+        query = query.where(namespaces.c.id.not_in(retired_ids_query(RetiredKind.NAMESPACE)))
+    rows = conn.execute(query).all()
     return [Namespace(r.id, r.name, r.state, r.created_at) for r in rows]
 
 
@@ -152,6 +161,21 @@ def register_storage(conn: Connection, storage_id: bytes, label: str) -> None:
         raise
 
 
+def storage_label(conn: Connection, storage_id: bytes) -> str | None:
+    """The storage's label, or None when it is not registered."""
+    row = conn.execute(
+        select(archive_storages.c.label).where(archive_storages.c.storage_id == storage_id)
+    ).first()
+    return None if row is None else str(row.label)
+
+
+def storages_labelled(conn: Connection, label: str) -> list[bytes]:
+    """The storages whose label is ``label`` (labels are free text, not unique), oldest first."""
+    s = archive_storages.c
+    rows = conn.execute(select(s.storage_id).where(s.label == label).order_by(s.created_at))
+    return [bytes(r.storage_id) for r in rows]
+
+
 def storage_exists(conn: Connection, storage_id: bytes) -> bool:
     return (
         conn.execute(
@@ -161,15 +185,19 @@ def storage_exists(conn: Connection, storage_id: bytes) -> bool:
     )
 
 
-def list_storages(conn: Connection) -> list[dict[str, Any]]:
+def list_storages(conn: Connection, *, retired: bool = True) -> list[dict[str, Any]]:
     """Every storage, oldest first; an S3 storage with its ``bucket``, ``prefix`` and
-    ``endpoint`` (``None`` for a folder, whose path the database does not record)."""
+    ``endpoint`` (``None`` for a folder, whose path the database does not record).
+    ``retired=False`` leaves the retired ones out."""
     s, o = archive_storages, archive_object_storages
-    rows = conn.execute(
+    query = (
         select(s, o.c.bucket, o.c.prefix, o.c.endpoint)
         .select_from(s.outerjoin(o, o.c.storage_id == s.c.storage_id))
         .order_by(s.c.created_at)
-    ).all()
+    )
+    if not retired:
+        query = query.where(s.c.storage_id.not_in(retired_ids_query(RetiredKind.STORAGE)))
+    rows = conn.execute(query).all()
     return [
         {
             "storage_id": r.storage_id.hex(),
@@ -464,3 +492,182 @@ def insert_audit(
         values["created_at"] = at
     conn.execute(insert(audit_events).values(**values))
     return audit_id
+
+
+# --- retirements (issue 27, docs/operations.md "Retiring a storage or a namespace") ------------
+
+
+class RetiredKind(enum.StrEnum):
+    """What ``orbit_retirements.target_kind`` names."""
+
+    STORAGE = "storage"
+    NAMESPACE = "namespace"
+
+
+@dataclass(frozen=True)
+class Retirement:
+    """One row of ``orbit_retirements``: who retired what, when and why."""
+
+    kind: RetiredKind
+    target_id: bytes
+    reason: str
+    retired_by: str
+    retired_at: datetime
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What keeps a storage or namespace from being retired: its enabled plans
+    (``namespace/kind``) and its active jobs (``namespace/job-id STATE``), at most ``SHOWN`` of
+    each, with their full counts."""
+
+    plans: tuple[str, ...]
+    plan_count: int
+    jobs: tuple[str, ...]
+    job_count: int
+
+    SHOWN = 5
+
+    def __bool__(self) -> bool:
+        return bool(self.plan_count or self.job_count)
+
+    def describe(self) -> str:
+        """``2 enabled plans (acme/tasks, acme/events) and 1 active job (acme/0f.. FAILED)``."""
+        parts = []
+        for count, shown, what in (
+            (self.plan_count, self.plans, "enabled plan"),
+            (self.job_count, self.jobs, "active job"),
+        ):
+            if count:
+                more = f", {count - len(shown)} more" if count > len(shown) else ""
+                plural = "s" if count != 1 else ""
+                parts.append(f"{count} {what}{plural} ({', '.join(shown)}{more})")
+        return " and ".join(parts)
+
+
+def _retirement(row: Any) -> Retirement:
+    return Retirement(
+        RetiredKind(row.target_kind), bytes(row.target_id), row.reason, row.retired_by,
+        row.retired_at,
+    )  # fmt: skip
+
+
+def retirement(
+    conn: Connection, kind: RetiredKind, target_id: bytes, *, shared: bool = False
+) -> Retirement | None:
+    """The retirement of a storage or namespace, or None. ``shared``: read with a shared lock
+    (a locking read on the primary key), so that a retirement committing between this check and
+    the write it guards waits for that write's transaction instead (``plan set``)."""
+    r = retirements.c
+    query = select(retirements).where(r.target_kind == kind.value, r.target_id == target_id)
+    if shared:
+        query = query.with_for_update(read=True)
+    row = conn.execute(query).first()
+    return None if row is None else _retirement(row)
+
+
+def retirements_of(conn: Connection, kind: RetiredKind) -> dict[bytes, Retirement]:
+    """Every retired storage (or namespace): a small registry, read whole."""
+    rows = conn.execute(select(retirements).where(retirements.c.target_kind == kind.value))
+    return {bytes(r.target_id): _retirement(r) for r in rows}
+
+
+def retired_ids_query(kind: RetiredKind) -> Any:
+    """The ids of the retired storages (or namespaces), as a subquery for ``NOT IN``."""
+    r = retirements.c
+    return select(r.target_id).where(r.target_kind == kind.value)
+
+
+def holds_queries(
+    *,
+    storage_id: bytes | None = None,
+    namespace_id: bytes | None = None,
+    active_states: Collection[str],
+) -> tuple[Any, Any]:
+    """The locking reads of :func:`holds`: the enabled plans (on ``ix_archive_plan_due`` for a
+    storage, the primary key for a namespace) and the jobs in ``active_states``
+    (``ix_archive_job_claim`` for a storage, the primary key's namespace prefix for a
+    namespace)."""
+    p, j = archive_plans.c, archive_jobs.c
+    if storage_id is not None:
+        plan_cond, job_cond = p.storage_id == storage_id, j.storage_id == storage_id
+    else:
+        plan_cond, job_cond = p.namespace_id == namespace_id, j.namespace_id == namespace_id
+    plans = (
+        select(p.namespace_id, p.kind)
+        .where(plan_cond, p.enabled == true())
+        .order_by(p.namespace_id, p.kind)
+        .with_for_update()
+    )
+    jobs = (
+        select(j.namespace_id, j.id, j.state)
+        .where(job_cond, j.state.in_(sorted(active_states)))
+        .order_by(j.namespace_id, j.id)
+        .with_for_update()
+    )
+    return plans, jobs
+
+
+def holds(
+    conn: Connection,
+    *,
+    storage_id: bytes | None = None,
+    namespace_id: bytes | None = None,
+    active_states: Collection[str],
+) -> Holds:
+    """The enabled plans and the jobs in ``active_states`` of a storage or a namespace, read
+    with an exclusive lock (``FOR UPDATE``): a plan enabled or a job changed by a transaction
+    that has not committed yet is waited for, and read as it committed."""
+    plan_query, job_query = holds_queries(
+        storage_id=storage_id, namespace_id=namespace_id, active_states=active_states
+    )
+    plan_rows = conn.execute(plan_query).all()
+    job_rows = conn.execute(job_query).all()
+    names = _namespace_names(conn, {bytes(r.namespace_id) for r in [*plan_rows, *job_rows]})
+
+    def ns(ns_id: Any) -> str:
+        return names.get(bytes(ns_id), bytes(ns_id).hex())
+
+    return Holds(
+        plans=tuple(f"{ns(r.namespace_id)}/{r.kind}" for r in plan_rows[: Holds.SHOWN]),
+        plan_count=len(plan_rows),
+        jobs=tuple(
+            f"{ns(r.namespace_id)}/{bytes(r.id).hex()} {r.state}" for r in job_rows[: Holds.SHOWN]
+        ),
+        job_count=len(job_rows),
+    )
+
+
+def _namespace_names(conn: Connection, ns_ids: Collection[bytes]) -> dict[bytes, str]:
+    if not ns_ids:
+        return {}
+    rows = conn.execute(
+        select(namespaces.c.id, namespaces.c.name).where(namespaces.c.id.in_(ns_ids))
+    )
+    return {bytes(r.id): str(r.name) for r in rows}
+
+
+def insert_retirement(
+    conn: Connection, kind: RetiredKind, target_id: bytes, *, reason: str, actor: str,
+    at: datetime,
+) -> Retirement | None:  # fmt: skip
+    """Record the retirement, or return the one already recorded (nothing is written then).
+    Inserted first, before the caller checks what holds the target: a concurrent ``plan set``
+    that read the retirement with a shared lock either committed before (and is seen) or waits
+    for this transaction (and sees the row)."""
+    existing = retirement(conn, kind, target_id)
+    if existing is not None:
+        return existing
+    try:
+        conn.execute(
+            insert(retirements).values(
+                target_kind=kind.value,
+                target_id=target_id,
+                reason=reason,
+                retired_by=actor[:128],
+                retired_at=at,
+            )
+        )
+    except IntegrityError:
+        raise ConflictError(f"{kind.value} {target_id.hex()} was retired concurrently") from None
+    return None

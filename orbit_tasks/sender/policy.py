@@ -210,10 +210,8 @@ def prunable(
 
 
 def reason_refusal(reason: str) -> str:
-    """Why ``reason`` cannot be recorded ("" when it can)."""
-    if not reason.strip() or len(reason) > MAX_REASON_CHARS:
-        return f"--reason is {len(reason)} characters; allowed 1..{MAX_REASON_CHARS}, not blank"
-    return units.one_line_refusal(reason, "--reason")  # also lone surrogates (not UTF-8)
+    """Why ``reason`` cannot be recorded ("" when it can): the one reason rule (units.py)."""
+    return units.text_refusal(reason, "--reason", MAX_REASON_CHARS)
 
 
 # --- classification ----------------------------------------------------------------------------

@@ -140,7 +140,8 @@ def test_policy_bad_input_is_exit_2_and_writes_nothing(env: dict[str, str], db: 
     invoke_json(["namespace", "create", "acme"], env)
     before_audit = _count(db, audit_events)
     _fails(["policy", "set", "acme", "tasks", "--archive-after", "59m"], env, 2, "59m", "1h")
-    _fails(["policy", "set", "acme", "tasks", "--archive-after", "3599"], env, 2, "3599", "1h")
+    _fails(["policy", "set", "acme", "tasks", "--archive-after", "3599s"], env, 2, "3599", "1h")
+    _fails(["policy", "set", "acme", "tasks", "--archive-after", "7200"], env, 2, "needs a unit")
     _fails(["policy", "set", "acme", "taskz", "--archive-after", "2h"], env, 2, "'taskz'", "tasks")
     _fails(["policy", "set", "acme", "tasks", "--archive-after", "30x"], env, 2, "'30x'")
     _fails(["policy", "set", "acme", "tasks", "--archive-after", "36501d"], env, 2, "36500d")
@@ -272,10 +273,10 @@ def test_queue_and_credential_lifecycle(env: dict[str, str], db: Engine) -> None
     assert [c["label"] for c in listed if c["id"] == cred["id"]] == ["ci 𝄞"]
 
     # revoke: once ok, then 4; malformed id is a usage error
-    assert "revoked" in _ok(["credential", "revoke", cred["id"]], env)
-    _fails(["credential", "revoke", cred["id"]], env, 4, cred["id"])
-    _fails(["credential", "revoke", new_id().hex()], env, 4, "does not exist")
-    _fails(["credential", "revoke", "xyz"], env, 2, "'xyz'", "32 hexadecimal")
+    assert "revoked" in _ok(["credential", "revoke", "acme", cred["id"]], env)
+    _fails(["credential", "revoke", "acme", cred["id"]], env, 4, cred["id"])
+    _fails(["credential", "revoke", "acme", new_id().hex()], env, 4, "does not exist")
+    _fails(["credential", "revoke", "acme", "xyz"], env, 2, "'xyz'", "32 hexadecimal")
     with db.connect() as conn:
         assert store.lookup_credential(conn, token) is None
         actions = sorted(r[0] for r in conn.execute(select(audit_events.c.action)).all())

@@ -108,7 +108,7 @@ def test_job_show_prints_text_unless_json(world: CliScene) -> None:
 def test_job_watch_json_prints_one_object_per_change(world: CliScene) -> None:
     job = world.jobs[0]
     watch = subprocess.Popen(
-        [str(ORBIT), "job", "watch", "acme", job, "--json", "--interval", "0.2"],
+        [str(ORBIT), "job", "watch", "acme", job, "--json", "--interval", "1s"],
         env=world.env,
         cwd=str(REPO),
         stdout=subprocess.PIPE,

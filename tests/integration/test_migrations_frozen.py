@@ -10,6 +10,7 @@ renders both chains).
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,13 @@ from orbit_tasks.db.migrations.platform import (
 from orbit_tasks.db.schema_check import head_revision, script_directory
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "orbit_tasks" / "db" / "migrations"
+# The platform revisions after p0006 (issues 27-30: each adds tables only), in chain order;
+# found on disk, so that a new revision needs no change here (test_later_revisions_...).
+LATER = [
+    importlib.import_module(f"orbit_tasks.db.migrations.platform.{p.stem}")
+    for p in sorted((MIGRATIONS / "platform").glob("p0*_tables.py"))
+    if int(p.stem[1:5]) > 6
+]
 DIALECTS: dict[str, Dialect] = {
     "mysql8": mysql.dialect(),
     "mariadb": mysql.dialect(is_mariadb=True),
@@ -62,6 +70,7 @@ FROZEN = {
         p0003_tables.metadata,
         p0005_tables.metadata,
         p0006_tables.metadata,
+        *(m.metadata for m in LATER),
     ),
     # then the tables a later revision replaced, as that revision leaves them
     "platform+": (p0004_tables.metadata,),
@@ -135,7 +144,20 @@ def test_p0006_creates_only_new_tables() -> None:
     assert not set(p0006_tables.metadata.tables) & earlier
     assert list(p0006_tables.metadata.tables) == ["orbit_archive_job_ends"]
     assert script_directory("platform").get_revision("p0006").down_revision == "p0005"
-    assert head_revision("platform") == "p0006"
+
+
+def test_later_revisions_add_tables_only_one_after_the_other() -> None:
+    """Each revision after p0006 adds tables only (never one an earlier revision made), revises
+    the one before it, and the last is the head."""
+    earlier = set().union(*(m.tables for m in FROZEN["platform"][:5]))
+    previous = "p0006"
+    for module in LATER:
+        assert not set(module.metadata.tables) & earlier, module.REVISION
+        earlier |= set(module.metadata.tables)
+        revision = script_directory("platform").get_revision(module.REVISION)
+        assert revision.down_revision == previous, module.REVISION
+        previous = module.REVISION
+    assert head_revision("platform") == previous
 
 
 def _alone(table: Table) -> MetaData:
@@ -155,10 +177,10 @@ def test_business_head_is_b0003_on_b0002_on_b0001() -> None:
 def test_revision_files_never_import_the_live_table_modules() -> None:
     files = [
         *MIGRATIONS.glob("*/versions/*.py"),
-        *MIGRATIONS.glob("*/?000?_tables.py"),
+        *MIGRATIONS.glob("*/?00??_tables.py"),
         MIGRATIONS / "frozen_0001.py",
     ]
-    assert len(files) == 19
+    assert len(files) == 19 + 2 * len(LATER)
     for path in files:
         imported = set()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):

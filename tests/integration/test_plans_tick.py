@@ -105,12 +105,13 @@ def test_plan_set_validation_errors_exit_codes_and_write_nothing(
     base = ["--storage", st, "--interval", "1d", "--batch-size", "100", "--max-bytes", "256MiB"]
     base += ["--policy-revision", "1", "--enable"]
     cases: list[tuple[list[str], int, str]] = [
-        (["acme", "tasks", *base, "--interval", "3599"], 2, "3600..2592000"),
+        (["acme", "tasks", *base, "--interval", "3599s"], 2, "3600..2592000"),
+        (["acme", "tasks", *base, "--interval", "3600"], 2, "the number needs a unit"),
         (["acme", "tasks", *base, "--interval", "2592001s"], 2, "--interval 2592001s"),
         (["acme", "tasks", *base, "--batch-size", "0"], 2, "--batch-size 0"),
         (["acme", "tasks", *base, "--batch-size", "101"], 2, "allowed 1..100"),
-        (["acme", "tasks", *base, "--max-bytes", str(MIB - 1)], 2, "1MiB..1GiB"),
-        (["acme", "tasks", *base, "--max-bytes", str(GIB + 1)], 2, f"--max-bytes {GIB + 1}"),
+        (["acme", "tasks", *base, "--max-bytes", f"{MIB - 1}B"], 2, "1MiB..1GiB"),
+        (["acme", "tasks", *base, "--max-bytes", f"{GIB + 1}B"], 2, f"--max-bytes {GIB + 1}"),
         (["acme", "tasks", *base, "--max-bytes", "lots"], 2, "not a size"),
         (["acme", "task", *base], 2, "not a history kind"),
         (["acme", "tasks", *base, "--storage", new_id().hex()], 4, "is not registered"),

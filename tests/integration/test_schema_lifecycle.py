@@ -22,11 +22,30 @@ from orbit_tasks.db.engine import make_engine
 from orbit_tasks.db.migrate import UpgradeResult, alembic_config, upgrade
 from orbit_tasks.db.migrations.business import b0001_tables, b0002_tables, b0003_tables
 from orbit_tasks.db.migrations.frozen_0001 import create_statements
+from orbit_tasks.db.migrations.platform import (
+    p0001_tables,
+    p0002_tables,
+    p0003_tables,
+    p0005_tables,
+    p0006_tables,
+)
 from orbit_tasks.db.platform_tables import metadata as platform_metadata
+from orbit_tasks.db.schema_check import head_revision
 from orbit_tasks.sender import enqueue
 from tests.support.cli import invoke_orbit, orbit_env, run_orbit
 from tests.support.db import mariadb_database
 from tests.support.schema import load_seed, mariadb_snapshot
+
+# The platform chain's head and what the revisions after p0006 add (issues 27-30 each add a
+# revision): the tests below name p0006's world and add these, so a new revision changes no test.
+HEAD = head_revision("platform")
+_UP_TO_P0006 = set().union(
+    *(
+        m.metadata.tables
+        for m in (p0001_tables, p0002_tables, p0003_tables, p0005_tables, p0006_tables)
+    )
+)
+LATER_TABLES = sorted(set(platform_metadata.tables) - _UP_TO_P0006)
 
 NS, QUEUE = "0" * 31 + "1", "0" * 31 + "2"
 PLAN_ROW = """INSERT INTO orbit_archive_plans (namespace_id, kind, policy_revision, storage_id,
@@ -89,7 +108,7 @@ def test_upgrade_adopts_hand_created_seed_tables_without_touching_a_row(chain: s
         after = mariadb_snapshot(url)
 
         assert result["action"] == "adopted" and sorted(result["adopted"]) == sorted(before)
-        assert len(result["created"]) == (23 if chain == "platform" else 3)
+        assert len(result["created"]) == (23 + len(LATER_TABLES) if chain == "platform" else 3)
         for table, snap in before.items():
             assert after[table] == snap, f"{table} was changed"
         version = "orbit_alembic_version" if chain == "platform" else "sender_alembic_version"
@@ -209,11 +228,11 @@ def test_an_empty_version_table_left_by_older_releases_is_adopted() -> None:
                 )
             )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision, len(result.adopted)) == ("adopted", "p0006", 2)
+        assert (result.action, result.revision, len(result.adopted)) == ("adopted", HEAD, 2)
         with engine.connect() as conn:
             versions = conn.execute(text("SELECT version_num FROM orbit_alembic_version")).all()
         engine.dispose()
-        assert [v[0] for v in versions] == ["p0006"]
+        assert [v[0] for v in versions] == [HEAD]
 
 
 @pytest.mark.mariadb
@@ -224,7 +243,7 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         assert json.loads(current.stdout) == {
             "at_head": False,
             "database": "platform",
-            "head": "p0006",
+            "head": HEAD,
             "revision": None,
         }
         fresh = invoke_orbit(["db", "check"], env)
@@ -232,10 +251,10 @@ def test_check_and_current_through_the_life_of_a_database() -> None:
         missing = "missing tables: orbit_archive_control_generation, orbit_archive_controls"
         assert missing in fresh.stdout
         assert invoke_orbit(["db", "upgrade"], env).stdout.strip() == (
-            "platform database: created 25 tables; revision p0006 recorded"
+            f"platform database: created {25 + len(LATER_TABLES)} tables; revision {HEAD} recorded"
         )
         assert invoke_orbit(["db", "current"], env).stdout.strip() == (
-            "platform database: revision p0006 (head)"
+            f"platform database: revision {HEAD} (head)"
         )
         ok = invoke_orbit(["db", "check", "--json"], env)
         assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True
@@ -283,11 +302,11 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
         env = orbit_env(url, url)
         stale = invoke_orbit(["db", "check"], env)
         assert stale.exit_code == 1
-        assert "revision p0001 is recorded, head is p0006; run `orbit db upgrade`" in stale.stdout
+        assert f"revision p0001 is recorded, head is {HEAD}; run `orbit db upgrade`" in stale.stdout
         done = run_orbit(["db", "upgrade", "--json"], env)
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
-        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", "p0006", [])
+        assert (result["previous"], result["revision"], result["adopted"]) == ("p0001", HEAD, [])
         assert sorted(result["created"]) == [
             "orbit_archive_control_generation",
             "orbit_archive_controls",
@@ -297,11 +316,12 @@ def test_a_p0001_database_with_rows_upgrades_to_the_head() -> None:
             "orbit_archive_job_waits",
             "orbit_archive_object_storages",
             "orbit_archive_throttle_buckets",
+            *LATER_TABLES,
         ]
         human = invoke_orbit(["db", "upgrade"], env)
         assert (
             human.stdout.strip()
-            == "platform database: already current (revision p0006); nothing changed"
+            == f"platform database: already current (revision {HEAD}); nothing changed"
         )
         after = mariadb_snapshot(url)
         for table, snap in before.items():
@@ -535,7 +555,7 @@ def test_platform_tables_made_at_the_head_are_adopted_once_and_p0004_runs(tmp_pa
     try:
         platform_metadata.create_all(engine)
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision) == ("adopted", "p0006")
+        assert (result.action, result.revision) == ("adopted", HEAD)
         assert sorted(result.adopted) == sorted(set(result.adopted))
         assert "orbit_archive_job_waits" in result.adopted
         with engine.begin() as conn:
@@ -561,13 +581,14 @@ def test_platform_tables_made_as_p0003_left_them_adopt_p0003_and_the_later_ones_
             tables=[
                 t
                 for n, t in platform_metadata.tables.items()
-                if n not in ("orbit_archive_job_checks", "orbit_archive_job_ends")
+                if n not in ("orbit_archive_job_checks", "orbit_archive_job_ends", *LATER_TABLES)
             ],
         )
         result = upgrade(engine, "platform")
-        assert (result.action, result.revision) == ("adopted", "p0006")
+        assert (result.action, result.revision) == ("adopted", HEAD)
         assert "orbit_archive_job_waits" in result.adopted
-        assert {"orbit_archive_job_checks", "orbit_archive_job_ends"} <= set(result.created)
+        made = {"orbit_archive_job_checks", "orbit_archive_job_ends", *LATER_TABLES}
+        assert made <= set(result.created)
         assert "orbit_archive_job_waits" not in result.created
         with engine.begin() as conn:
             conn.execute(

@@ -459,12 +459,13 @@ def test_page_scan_and_delete_are_primary_key_ranges_on_mariadb() -> None:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["--older-than", "7 days"], "--older-than '7 days' is not a duration"),
-        (["--older-than", "0s"], "--older-than 0s is out of range (allowed 1s..3650d)"),
+        # issue 27: the one duration type of every option (click names the option)
+        (["--older-than", "7 days"], "'--older-than': '7 days' is not a duration"),
+        (["--older-than", "0s"], "'--older-than': 0s is out of range (allowed 1s..3650d)"),
         (["--older-than", "3651d"], "is out of range (allowed 1s..3650d)"),
         ([], "missing option '--older-than'"),
         # a bare number was taken as seconds: "7" meant as days pruned every row older than 7 s
-        (["--older-than", "7"], "--older-than '7' is not a duration"),
+        (["--older-than", "7"], "'--older-than': '7' is not a duration: the number needs a unit"),
         (["--older-than", "\uff17d"], "is not a duration"),  # fullwidth digits were accepted
         (["--older-than", "9" * 5000 + "d"], "is out of range (allowed 1s..3650d)"),  # ValueError
     ],

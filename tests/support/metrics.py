@@ -38,7 +38,16 @@ def parse(text: str) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+    """The value of the series of ``name`` with exactly ``labels``, else of the one series whose
+    labels include them (a label the test does not name, such as the ``storage_label`` beside a
+    ``storage``, does not matter); None when there is none. Two such series: the test is wrong."""
+    exact = samples.get((name, tuple(sorted(labels.items()))))
+    if exact is not None:
+        return exact
+    wanted = set(labels.items())
+    found = [v for (n, lbl), v in samples.items() if n == name and wanted <= set(lbl)]
+    assert len(found) <= 1, f"{name} {labels}: {len(found)} series match, name more labels"
+    return found[0] if found else None
 
 
 def names(samples: Samples) -> set[str]:

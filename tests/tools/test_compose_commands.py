@@ -59,7 +59,7 @@ def _params() -> list[Any]:
 def test_compose_runs_enough_commands() -> None:
     commands = _compose_commands()
     # api, beat, control, 2 archive workers, sender, flower, metrics + 4 migrate steps
-    assert len(commands) == 13, commands  # + the S3 example's worker (issue 18)
+    assert len(commands) == 14, commands  # + the S3 example's worker (issue 18), a second beat
     assert ("migrate.sh", ["db", "upgrade"]) in commands
     assert ("migrate.sh", ["sender", "db", "upgrade"]) in commands
 
@@ -101,13 +101,16 @@ def test_databases_mysql8_default_and_mariadb_profile() -> None:
         assert "@db:3306/orbit" in url, name
 
 
-def test_redis_persists_and_beat_is_single() -> None:
+def test_redis_persists_and_two_beats_run_one_leading() -> None:
+    """Two beats on hosts of their own (issue 30 item 3: the database lease picks the leader)."""
     services = _services()
     assert "--appendonly" in services["redis"]["command"]
     assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
     beats = [n for n, s in _orbit_services().items() if s.get("command", [None])[:1] == ["beat"]]
-    assert beats == ["beat"]
-    assert "deploy" not in services["beat"] and "scale" not in services["beat"]
+    assert beats == ["beat", "beat-standby"]
+    assert services["beat"]["hostname"] != services["beat-standby"]["hostname"]
+    for name in beats:
+        assert "deploy" not in services[name] and "scale" not in services[name]
 
 
 def test_each_archive_worker_mounts_one_volume_and_consumes_only_its_queue() -> None:

@@ -33,6 +33,7 @@ REQUIRED = {
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
+    "OrbitBeatTicksStopped",
 }
 # PromQL words that look like names but are functions, keywords or label names.
 PROMQL_WORDS = {"or", "and", "unless", "by", "without", "on", "ignoring", "delta", "label_replace"}

@@ -136,7 +136,8 @@ def test_archive_rules_name_fields_that_the_cli_words_as_their_flags() -> None:
     )
     with pytest.raises(InvalidInput) as reason:
         controls.validate_reason(" ")
-    assert describe_error(reason.value)[0].startswith("--reason of 1 characters is invalid")
+    # issue 27: the message names the actual problem ("--reason of 1 characters is invalid" did not)
+    assert describe_error(reason.value)[0].startswith("--reason is blank (allowed 1..255")
     with pytest.raises(InvalidInput) as window:
         Window(dt.datetime(2026, 3, 2), dt.datetime(2026, 3, 1))
     plain, worded = str(window.value), describe_error(window.value)[0]

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from orbit_tasks.metrics.families import (
     CONTRACT_METRICS,
     METRIC_NAMES,
+    BeatReading,
     BrokerReading,
     BusinessReading,
     PlanBacklog,
@@ -52,6 +53,7 @@ def _platform(**changes: Any) -> PlatformReading:
         pending_since={A: NOW - dt.timedelta(seconds=90)},
         plans_overdue={B: 2},
         backlogs=(PlanBacklog("acme", "events", 120.0, 3600.0, 86400),),
+        beat=BeatReading(holder="beat-a:7", epoch=3, leading=True, since_tick_seconds=1.5),
     )
     base.update(changes)
     return PlatformReading(**base)
@@ -83,21 +85,22 @@ def test_every_contract_metric_with_its_labels() -> None:
     assert value(m, "orbit_source_read_seconds", source="broker") == 1.5
     labels = {name: {tuple(k for k, _ in lbl) for (n, lbl) in m if n == name} for name in names(m)}
     assert labels["orbit_up"] == {("source",)}
-    assert labels["orbit_archive_jobs"] == {("kind", "state", "storage")}
-    assert labels["orbit_archive_jobs_failed"] == {("error_code", "storage")}
+    assert labels["orbit_archive_jobs"] == {("kind", "state", "storage", "storage_label")}
+    assert labels["orbit_archive_jobs_failed"] == {("error_code", "storage", "storage_label")}
     for name in (
         "orbit_archive_leases_expired",
         "orbit_archive_oldest_pending_seconds",
         "orbit_archive_plans_overdue",
         "orbit_archive_storage_unserved",
+        "orbit_archive_storage_info",
     ):
-        assert labels[name] == {("storage",)}
+        assert labels[name] == {("storage", "storage_label")}
     assert labels["orbit_queue_messages"] == labels["orbit_queue_consumers"] == {("queue",)}
     assert labels["orbit_outbox_rows"] == {("state",)}
     assert labels["orbit_outbox_review_rows"] == {("last_code",)}
     assert labels["orbit_outbox_oldest_pending_seconds"] == {()}
     assert labels["orbit_outbox_rows_near_deadline"] == {()}
-    assert labels["orbit_outbox_queue_held_seconds"] == {("namespace_id", "queue_id")}
+    assert labels["orbit_outbox_queue_held_seconds"] == {("namespace", "namespace_id", "queue_id")}
     assert set(CONTRACT_METRICS) <= names(m)
     for name in (
         "orbit_archive_plan_backlog_roots",
@@ -202,7 +205,8 @@ def test_outbox_states_and_review_codes_with_zeros_and_ages() -> None:
     assert value(m, "orbit_outbox_oldest_pending_seconds") == 300
     assert value(m, "orbit_outbox_rows_near_deadline") == 1
     held = series(m, "orbit_outbox_queue_held_seconds")
-    assert held == {(("namespace_id", "ab" * 16), ("queue_id", "cd" * 16)): 42.5}
+    # the platform was not read: the namespace's name is unknown (Snapshot.namespace_names)
+    assert held == {(("namespace", ""), ("namespace_id", "ab" * 16), ("queue_id", "cd" * 16)): 42.5}
     empty = BusinessReading(NOW, {}, {}, None, 0)
     m = _scrape(Snapshot(None, empty, None, business_configured=True))
     assert value(m, "orbit_outbox_oldest_pending_seconds") == 0
@@ -231,3 +235,37 @@ def test_archived_roots_files_and_claims_per_storage_and_kind_with_zeros() -> No
     for name in ("orbit_archive_confirmed_roots", "orbit_archive_confirmed_files",
                  "orbit_archive_claims"):  # fmt: skip
         assert value(m, name, storage=B.hex(), kind="audit") == 0  # a pair with jobs: zero
+
+
+def test_storages_carry_their_label_and_retired_ones_drop_out() -> None:
+    """Issue 27: every family keyed by storage carries ``storage_label`` beside the id (the id
+    when the label is empty); the finished jobs of a retired storage are in no family; the
+    outbox's holds name their namespace."""
+    retired = bytes(range(32, 48))
+    jobs = {(A, "events", "SUCCEEDED"): 5, (retired, "tasks", "SUCCEEDED"): 9}
+    platform = _platform(
+        storages=(A, B),
+        jobs=jobs,
+        confirmed_bytes={(A, "events"): 10, (retired, "tasks"): 99},
+        storage_labels={A: "disk-1 🚀", B: ""},
+        retired=frozenset({retired}),
+    )
+    names_ = {"ab" * 16: "acme"}
+    m = _scrape(Snapshot(platform, _business(), _broker({}), True, namespace_names=names_))
+    assert value(m, "orbit_archive_storage_info", storage=A.hex(), storage_label="disk-1 🚀") == 1
+    assert value(m, "orbit_archive_storage_info", storage=B.hex(), storage_label=B.hex()) == 1
+    assert len(series(m, "orbit_archive_storage_info")) == 2
+    full = {"storage": A.hex(), "storage_label": "disk-1 🚀"}
+    assert value(m, "orbit_archive_jobs", **full, kind="events", state="SUCCEEDED") == 5
+    assert value(m, "orbit_archive_confirmed_bytes", **full, kind="events") == 10
+    for name in ("orbit_archive_jobs", "orbit_archive_confirmed_bytes", "orbit_archive_claims"):
+        assert all(dict(k)["storage"] != retired.hex() for k in series(m, name)), name
+    assert all(
+        dict(k)["storage"] in (A.hex(), B.hex())
+        for (n, k) in m
+        if n.startswith("orbit_archive_") and "storage" in dict(k)
+    )
+    held = series(m, "orbit_outbox_queue_held_seconds")
+    assert held == {
+        (("namespace", "acme"), ("namespace_id", "ab" * 16), ("queue_id", "cd" * 16)): 42.5
+    }

@@ -32,6 +32,7 @@ ALERTS = [
     "OrbitOutboxReviewRows",
     "OrbitOutboxRowsNearDeadline",
     "OrbitSourceDown",
+    "OrbitBeatTicksStopped",
 ]
 
 

@@ -13,6 +13,9 @@ Verification API:
   only the tail file (``tail_name(batches, last_sha256)``) is checked -- present, hashes to
   ``last_sha256``, decodes, seq/job match -- so the caller may pass just that one file. With
   ``full=True`` (after a takeover) it is :func:`verify_chain` with ``complete=False``.
+* :func:`check_manifest` and :func:`check_batch` check one file with the checks of a full walk
+  at its position (the link, the previous key and the manifest given), for a reader of part of a
+  chain (``orbit archive export|roots``, :mod:`orbit_tasks.archive.restore.window`).
 * Reports carry ``cursor`` = the (settled, id) of the last verified root (``None`` if none), the
   point after which the next batch starts. ``first_bad_file`` names the first bad file in chain
   order (a missing batch gets its exact name when its successor's header names it, else
@@ -26,7 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orbit_tasks.archive.format.batch import batch_cursor, batch_header, decode_batch
+from orbit_tasks.archive.format.batch import (
+    DecodedBatch,
+    batch_cursor,
+    batch_header,
+    decode_batch,
+)
 from orbit_tasks.archive.format.expectation import ChainExpectation, VerifyReport
 from orbit_tasks.archive.format.manifest import decode_manifest, range_doc, range_keys
 from orbit_tasks.archive.format.names import ParsedName, parse_name, tail_name
@@ -127,6 +135,14 @@ def _check_batch(
 ) -> tuple[dict[str, Any], tuple[str, str]]:
     """Validate batch ``seq`` against the chain so far; returns (header, last key). The line
     checks cover the lines ``decode_batch(lines=...)`` parsed."""
+    batch, last = _checked_batch(seq, name, data, st, expect, lines)
+    return batch.header, last
+
+
+def _checked_batch(
+    seq: int, name: str, data: bytes, st: _State, expect: ChainExpectation, lines: str
+) -> tuple[DecodedBatch, tuple[str, str]]:
+    """:func:`_check_batch`, returning the decoded batch itself."""
     man = st.manifest
     assert man is not None
     src = man["source"]
@@ -164,7 +180,51 @@ def _check_batch(
             for row in rows:
                 if row.get(parent) != root["id"] or row.get("namespace_id") != ns:
                     raise _Bad(name, "child row does not belong to its root")
-    return h, (str(last[0]), str(last[1]))
+    return batch, (str(last[0]), str(last[1]))
+
+
+def check_manifest(name: str, data: bytes, expect: ChainExpectation) -> dict[str, Any]:
+    """The manifest file ``name`` checked against the job row (and its range when ``expect``
+    has one), as chain position 0 of a full walk checks it, for a reader that reads part of a
+    chain (issue 28: export across jobs). Raises :class:`FormatError` with the reason."""
+    try:
+        if sha256_hex(data) != _named_sha(name, 0):
+            raise _Bad(name, "contents do not hash to the sha256 in the name")
+        return _check_manifest(name, data, expect)
+    except _Bad as bad:
+        raise FormatError(bad.reason) from None
+
+
+def check_batch(
+    seq: int,
+    name: str,
+    data: bytes,
+    *,
+    expect: ChainExpectation,
+    manifest: dict[str, Any],
+    link: str,
+    after: tuple[str, str] | None,
+) -> DecodedBatch:
+    """Batch file ``name`` checked as chain position ``seq`` with every check of a full walk
+    (its SHA-256 is its name, ``prev_sha256`` is ``link``, seq, job, batch size, keys inside the
+    job range and after ``after`` -- the previous batch's last key when known --, namespace and
+    children of every line), for a reader that reads part of a chain; returns it decoded.
+    Raises :class:`FormatError` with the reason."""
+    st = _State(link=link, last_key=after, manifest=manifest)
+    try:
+        if sha256_hex(data) != _named_sha(name, seq):
+            raise _Bad(name, "contents do not hash to the sha256 in the name")
+        batch, _ = _checked_batch(seq, name, data, st, expect, "all")
+    except _Bad as bad:
+        raise FormatError(bad.reason) from None
+    return batch
+
+
+def _named_sha(name: str, seq: int) -> str:
+    parsed = parse_name(name)
+    if parsed is None or parsed.seq != seq:
+        raise _Bad(name, f"not the name of chain file {seq}")
+    return parsed.sha256
 
 
 def _parse_all(files: Sequence[tuple[str, FileData]]) -> dict[int, list[_File]]:

@@ -47,8 +47,10 @@ from orbit_tasks.db.platform_tables import (
 )
 from orbit_tasks.errors import NotFound, StaleRevision
 from orbit_tasks.platform.store import (
+    RetiredKind,
     insert_audit,
     latest_policy,
+    retirement,
     storage_exists,
 )
 
@@ -154,6 +156,9 @@ def set_plan(
         values,
         storage_registered=storage_exists(conn, values.storage_id),
         latest_policy_revision=latest_policy_revision(conn, ns_id, kind),
+        storage_retired=retirement(conn, RetiredKind.STORAGE, values.storage_id, shared=True)
+        is not None,
+        storage_before=None if current is None else current.storage_id,
     )
     next_run = plans.next_run_on_change(
         None if current is None else current.enabled,
