@@ -56,11 +56,12 @@ bench-results: install
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
-## Validate compose/docker-compose.yml offline with both database profiles and the example env
-## file (installs Debian's docker-compose if missing).
+## Validate compose/docker-compose.yml offline with both database profiles, the S3 and RabbitMQ
+## profiles and the example env file (installs Debian's docker-compose if missing).
 compose-check:
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)
 	COMPOSE_PROFILES=mysql docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
 	COMPOSE_PROFILES=mariadb docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
 	COMPOSE_PROFILES=mysql,s3 docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
+	COMPOSE_PROFILES=mysql,rabbitmq CELERY_BROKER_URL=amqp://orbit:x@rabbitmq:5672// docker-compose --env-file compose/.env.example -f compose/docker-compose.yml config -q
 	@echo "compose: valid"

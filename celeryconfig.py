@@ -15,6 +15,7 @@ from pathlib import Path as _Path
 from orbit_tasks.archive_limits import task_time_limits as _task_time_limits
 from orbit_tasks.queues import CONTROL_QUEUE as _CONTROL
 from orbit_tasks.queues import SENDER_QUEUE as _SENDER
+from orbit_tasks.queues import is_amqp as _is_amqp
 from orbit_tasks.settings import get_settings as _get_settings
 from orbit_tasks.start_checks import beat_chains as _beat_chains
 
@@ -55,6 +56,16 @@ else:
         "health_check_interval": max(1, min(25, _lease // 4)),
     }
     broker_connection_timeout = _socket_seconds
+    if _is_amqp(_settings.broker_url):
+        # RabbitMQ (issue 30 item 2; docs/operations.md "Choosing a broker"): every orbit.*
+        # queue a worker consumes or a wake-up is sent to is a durable quorum queue with a
+        # delivery limit (celery_app.QuorumQueues); Celery then uses per-consumer QoS (quorum
+        # queues have no global QoS). The socket options above are Redis's: AMQP notices a dead
+        # peer by its heartbeat, here below the shortest lease like Redis's socket timeout.
+        broker_transport_options = {}
+        broker_heartbeat = max(5, _socket_seconds)
+        task_default_queue_type = "quorum"
+        task_create_missing_queue_type = "quorum"
 
 task_ignore_result = True
 result_backend = None

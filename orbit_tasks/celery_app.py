@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.app.amqp import AMQP, Queues
 from celery.signals import (
     beat_init,
     celeryd_after_setup,
     celeryd_init,
     setup_logging,
     worker_process_init,
+    worker_shutting_down,
 )
 
+from orbit_tasks import shutdown
 from orbit_tasks.logs import configure_from_settings, log_action
+from orbit_tasks.queues import QUORUM_ARGUMENTS
 from orbit_tasks.start_checks import (
     beat_chains,
     chains_of_queues,
@@ -42,7 +48,29 @@ def _load_config_module() -> Any:
         return importlib.import_module("celeryconfig")
 
 
-app = Celery("orbit", include=TASK_MODULES)
+class QuorumQueues(Queues):
+    """Celery's queue table, whose quorum queues carry the whole of :data:`QUORUM_ARGUMENTS`
+    (the delivery limit too: Celery's ``task_create_missing_queue_type`` and
+    ``task_default_queue_type`` set only the type). Every process that declares a queue --
+    workers, beat, the tick and continuations publishing wake-ups -- declares it with the same
+    arguments: RabbitMQ refuses a declare whose arguments differ (PRECONDITION_FAILED)."""
+
+    def __setitem__(self, name: str, queue: Any) -> None:
+        args = queue.queue_arguments or {}
+        if args.get("x-queue-type") == "quorum":
+            queue.queue_arguments = {**QUORUM_ARGUMENTS, **args}
+            queue.durable = True
+        super().__setitem__(name, queue)
+
+
+class QuorumAMQP(AMQP):
+    """The app's AMQP part with :class:`QuorumQueues` (celeryconfig turns quorum queues on for
+    a RabbitMQ broker only; on Redis the table holds no queue arguments)."""
+
+    queues_cls = QuorumQueues
+
+
+app = Celery("orbit", include=TASK_MODULES, amqp=QuorumAMQP)
 app.config_from_object(_load_config_module())
 
 
@@ -105,3 +133,19 @@ def _log_worker_queues(sender: str, instance: Any, **_: Any) -> None:
         queues=queues,
         concurrency=instance.concurrency,
     )
+
+
+@worker_shutting_down.connect
+def _hand_work_back(sig: str = "", how: str = "", **_: Any) -> None:
+    """In the worker's main process, on a warm shutdown (the first SIGTERM or SIGINT): set the
+    shared flag its pool children read at their next boundary (orbit_tasks/shutdown.py) -- an
+    archive claim confirms its file, releases the job and sends a continuation; a relay pass
+    stops claiming and releases its unsent rows. Celery ignores a second SIGTERM (it waits for
+    the tasks again): here it becomes a SIGQUIT, the cold shutdown that ends the pool children
+    at once (their leases cover them, docs/operations.md "Rolling restarts")."""
+    if how != "Warm":
+        return
+    if shutdown.begin() and sig == "SIGTERM":
+        os.kill(os.getpid(), signal.SIGQUIT)
+        return
+    log_action(logging.getLogger("orbit.celery_app"), "worker.draining", signal=sig)

@@ -11,3 +11,16 @@ def queue_name(storage_id: bytes) -> str:
     if len(storage_id) != 16:
         raise ValueError(f"storage id must be 16 bytes, got {len(storage_id)}")
     return ARCHIVE_QUEUE_PREFIX + storage_id.hex()
+
+
+#: RabbitMQ (issue 30 item 2): every ``orbit.*`` queue is a durable quorum queue. A message
+#: delivered this many times without an ack (a worker that died or was cut off with it, each
+#: time) is dropped: messages are only wake-ups, and the next tick's sweep publishes again.
+DELIVERY_LIMIT = 10
+QUORUM_ARGUMENTS = {"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT}
+_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def is_amqp(broker_url: str) -> bool:
+    """Whether ``broker_url`` names a RabbitMQ (AMQP 0-9-1) broker."""
+    return broker_url.split("://", 1)[0].split("+", 1)[0] in _AMQP_SCHEMES

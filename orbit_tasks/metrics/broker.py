@@ -1,8 +1,9 @@
 """The broker probe: messages waiting per queue and the workers consuming each queue now.
 
 Messages: kombu's own count of the queue (``queue_declare(passive=True).message_count``), which
-on Redis sums the list and its priority sub-lists (``<queue>\\x06\\x16<n>``) and on the
-filesystem broker counts the queue's message files; a queue that does not exist yet has 0.
+on Redis sums the list and its priority sub-lists (``<queue>\\x06\\x16<n>``), on RabbitMQ is
+the broker's count of ready messages (issue 30) and on the filesystem broker counts the queue's
+message files; a queue that does not exist yet has 0.
 
 Consumers (Redis): one ``active_queues`` broadcast to every worker's remote-control mailbox,
 with a reply window below the time bound; a worker counts for each queue it consumes now. The
@@ -19,7 +20,7 @@ reports no consumers (docs/metrics.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from kombu import Connection, Producer
@@ -29,11 +30,19 @@ from kombu.pidbox import Mailbox
 from orbit_tasks.metrics.families import BrokerReading, consumers_of, queues_for
 
 
-def queue_size(channel: Any, queue: str) -> int:
+def queue_size(conn: Connection, queue: str) -> int:
+    """Messages waiting in ``queue``, read on a channel of its own: on RabbitMQ the passive
+    declare of a queue that does not exist fails with 404 NOT_FOUND and the broker closes the
+    channel it was sent on (py-amqp raises its own ``NotFound``, one of the connection's
+    ``channel_errors``, not kombu's ``ChannelError``); the next queue needs a fresh one."""
+    channel = conn.channel()
     try:
         return int(channel.queue_declare(queue=queue, passive=True).message_count)
-    except ChannelError:
+    except (ChannelError, *conn.channel_errors):
         return 0  # never declared: nothing waits in it
+    finally:
+        with suppress(Exception):  # already closed by the broker
+            channel.close()
 
 
 class _OneTryProducer(Producer):
@@ -102,8 +111,7 @@ class BrokerSource:
             consumers = None
             if self.observes_consumers:
                 consumers = consumers_of(self.active_queues(conn))
-            channel = conn.default_channel
-            messages = {q: queue_size(channel, q) for q in queues_for(storages())}
+            messages = {q: queue_size(conn, q) for q in queues_for(storages())}
         return BrokerReading(messages=messages, consumers=consumers)
 
     def active_queues(self, conn: Connection) -> dict[str, list[str]]:

@@ -453,6 +453,7 @@ class ReleaseReason(enum.StrEnum):
     IDENTITY_UNAVAILABLE = "identity_unavailable"
     OTHER_NAMESPACE = "other_namespace"  # the credential now belongs to another namespace
     LEASE_SHORT = "lease_short"  # too little lease left for one bounded send
+    SHUTDOWN = "shutdown"  # the worker is shutting down (SIGTERM): not sent, released at once
 
 
 def presend_check(

@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from orbit_tasks import counters, failpoints
+from orbit_tasks import counters, failpoints, shutdown
 from orbit_tasks.db.engine import DB_CLOCK, Clock
 from orbit_tasks.db.faults import DEADLOCK, driver_code
 from orbit_tasks.logs import log_action
@@ -255,6 +255,8 @@ class Relay:
         need = self.timeout_seconds * (1 if self.client.identity_is_fresh() else 2)
         if self.monotonic() + need > pass_end:
             return Sent(owned, SendAction.RELEASE, reason=ReleaseReason.PASS_END)
+        if shutdown.requested():  # the worker is shutting down: another sender sends it now
+            return Sent(owned, SendAction.RELEASE, reason=ReleaseReason.SHUTDOWN)
         if self.held(row.namespace_id, row.queue_id):
             return Sent(owned, SendAction.RELEASE, reason=ReleaseReason.QUEUE_HELD)
         try:
@@ -543,6 +545,9 @@ class Relay:
                 left = max_claims - stats.claimed
                 room = min(window - pending + len(ready), left)
                 claiming = not drained and left > 0 and self.monotonic() < claim_end
+                # a worker shutting down (SIGTERM) claims no more: the pass finishes the sends in
+                # flight, releases the rest and ends (docs/operations.md "Rolling restarts")
+                claiming = claiming and not shutdown.requested()
                 identity: Identity | None = None
                 if claiming and room >= min(page, left):
                     # The identity as it is now (cached <= 60 s, dropped after a 401/403): a

@@ -33,6 +33,7 @@ from orbit_tasks.db.platform_tables import archive_jobs, archive_plans
 from orbit_tasks.dev import generator
 from orbit_tasks.ids import new_id
 from orbit_tasks.platform import store
+from orbit_tasks.queues import is_amqp
 from orbit_tasks.settings import Settings, load_settings
 from tests.support.db import redis_url
 
@@ -152,8 +153,10 @@ class Worker:
 def archive_env(
     url: str, engine: Engine, tmp: Path, *, broker: str = REDIS_URL, **overrides: str
 ) -> Iterator[ArchiveEnv]:
-    r = redis.Redis.from_url(broker)
-    r.flushdb()
+    # a RabbitMQ broker is a virtual host of the test's own (tests/support/rabbitmq.py)
+    r = redis.Redis.from_url(broker) if broker.startswith("redis") else None
+    if r is not None:
+        r.flushdb()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORBIT_", "CELERY_"))}
     env.update(
         ORBIT_DATABASE_URL=url,
@@ -168,6 +171,12 @@ def archive_env(
     env.update(overrides)
     settings = load_settings(env)
     app = Celery("orbit-test", broker=broker)
+    if is_amqp(broker):  # declared as the fleet declares them (celeryconfig.py)
+        # Imported here: the deployment's app and celeryconfig, only for a RabbitMQ test.
+        from orbit_tasks.celery_app import QuorumAMQP
+
+        app = Celery("orbit-test", broker=broker, amqp=QuorumAMQP)
+        app.conf.task_default_queue_type = app.conf.task_create_missing_queue_type = "quorum"
     app.conf.task_create_missing_queues = True
     ae = ArchiveEnv(url, engine, tmp, env, settings, app)
     try:
@@ -176,8 +185,9 @@ def archive_env(
         for w in ae.workers:
             w.stop()
         app.close()
-        r.flushdb()
-        r.close()
+        if r is not None:
+            r.flushdb()
+            r.close()
 
 
 # --- platform setup ----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 
-from orbit_tasks import counters, failpoints
+from orbit_tasks import counters, failpoints, shutdown
 from orbit_tasks.archive import claims as claim_rules
 from orbit_tasks.archive.claims import file_cap, is_stalled, over_budget
 from orbit_tasks.archive.controls import REPLICA_BEAT, REPLICA_ERRANT, WaitReason
@@ -112,7 +112,11 @@ class _Delivery:
 
     @property
     def deadline(self) -> float:
-        """The monotonic end of the time slice."""
+        """The monotonic end of the time slice: over at once when the worker is shutting down
+        (SIGTERM, orbit_tasks/shutdown.py), so that the claim confirms the file in hand,
+        releases the job and sends its continuation now (a rolling restart)."""
+        if shutdown.requested():
+            return 0.0
         return self.started + self.settings.archive_slice_seconds
 
 
@@ -269,7 +273,10 @@ def _run_chain(ch: _Chain, publish: Publisher | None) -> Outcome:
         return outcome
     if outcome is Outcome.RELEASED:
         job = ch.claim.job
-        log_action(log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id)
+        log_action(
+            log, "archive.job.released", namespace_id=job.namespace_id, job_id=job.id,
+            shutdown=shutdown.requested(),
+        )  # fmt: skip
         _publish_continuation(ch, publish)
     if outcome is Outcome.SUCCEEDED and ch.next_job is not None:
         _publish_continuation(ch, publish, ch.next_job)  # the catch-up's next job
@@ -799,7 +806,7 @@ def _finish(ch: _Chain) -> Outcome:
     )
     report, rest = verify.verify_job_part(
         ch.run.directory, _expectation(ch), names=names, progress=progress,
-        more=lambda: time.monotonic() < deadline, lines=CHAIN_LINES,
+        more=lambda: time.monotonic() < deadline and not shutdown.requested(), lines=CHAIN_LINES,
     )  # fmt: skip
     _sweep(ch, report, None if rest is not None else names)
     if rest is not None:
