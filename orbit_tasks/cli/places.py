@@ -87,6 +87,15 @@ def registered_by_id(conn: Connection, given: str) -> tuple[bytes, S3Location] |
     return None
 
 
+def _end_read(conn: Connection) -> None:
+    """The registry reads are done: end their transaction before the storage I/O that follows.
+    An S3 answer slower than the server's idle-transaction bound (a quarter of the lease) would
+    otherwise close the session, and the command's next query would fail (2006). Every caller
+    only reads before this point."""
+    if conn.in_transaction() and not conn.in_nested_transaction():
+        conn.commit()
+
+
 def open_place(
     conn: Connection, given: str, *, retry_seconds: float = COMMAND_RETRY_SECONDS
 ) -> OpenedPlace:
@@ -96,6 +105,7 @@ def open_place(
     by_id = registered_by_id(conn, given)
     if by_id is not None or is_s3_url(given):
         storage_id, loc = by_id or registered_location(conn, given)
+        _end_read(conn)
         storage = open_storage(loc, retry_seconds=retry_seconds)
         ident = storage.identity()
         if ident.storage_id != storage_id:

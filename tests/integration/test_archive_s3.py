@@ -706,3 +706,26 @@ def test_no_listing_per_batch(s3ae: ArchiveEnv, moto: MotoServer) -> None:
     puts = [s for s in seen if s.method == "PUT"]
     assert len(lists) == 1, [s.path for s in lists]
     assert len(puts) == done.batches + 1
+
+
+def test_a_slow_identity_read_does_not_cost_the_command_its_session(
+    s3ae: ArchiveEnv, moto: MotoServer
+) -> None:
+    """Before: ``--volume s3://...`` read the identity object while the command's registry read
+    kept its transaction open; an S3 answer slower than the server's idle-transaction bound (a
+    quarter of the lease) closed the session, and the command's next query failed "database
+    unavailable (2006)" (worker start-up under load). The registry read now ends first."""
+    ae = s3ae
+    bucket = moto.bucket(bucket_name("slow"))
+    sid, _ = _init(ae, moto, f"s3://{bucket}/p")
+    env = {
+        **ae.env,
+        "ORBIT_ARCHIVE_LEASE_SECONDS": "4",
+        "ORBIT_ARCHIVE_SLICE_SECONDS": "1",
+        "ORBIT_FAILPOINTS": "objects.identity=sleep:2.5",
+    }
+    worker = run_orbit(
+        ["worker", "archive", "--volume", f"s3://{bucket}/p", "--print-command"], env
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert f"orbit.archive.{sid.hex()}" in worker.stdout

@@ -522,6 +522,7 @@ class S3Storage:
 
     def identity(self) -> VolumeIdentity:
         key = self._identity_key()
+        failpoints.hit("objects.identity")  # tests: a slow S3 endpoint
         try:
             data = self._client.call(
                 "GetObject", self.where,
