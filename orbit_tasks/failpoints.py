@@ -30,7 +30,8 @@ of outbox rows deleted and their compact records inserted, not committed); the b
 Durable writes of ``archive/volume.py``: ``volume.before_publish`` (temp file written and
 synced), ``volume.before_dir_fsync`` (name published), ``volume.after_aside`` (an inode-fenced
 removal has renamed the name aside). S3 storages: ``objects.before_put`` (a conditional PUT is
-about to be sent), ``objects.identity`` (the identity object about to be read: a slow endpoint). ``orbit storage init``: ``storage.init.before_commit``
+about to be sent), ``objects.identity`` (the identity object about to be read: a
+slow endpoint). ``orbit storage init``: ``storage.init.before_commit``
 (identity file durable, registry row not committed).
 """
 
