@@ -287,7 +287,8 @@ def _scrub_days(env: Mapping[str, str], name: str) -> int:
 
 
 def _rate(env: Mapping[str, str], name: str) -> int:
-    """A size per second: ``8MiB``, ``8MiB/s`` or bytes (64KiB..1GiB per second)."""
+    """A size per second with its unit: ``8MiB`` or ``8MiB/s`` (64KiB..1GiB per second; a bare
+    number is refused, as every size)."""
     raw = (env.get(name) or "").strip()
     if raw == "":
         return SCRUB_RATE_DEFAULT

@@ -107,7 +107,7 @@ def test_an_empty_range_and_an_unknown_end_are_listed_not_holes() -> None:
         ({"ORBIT_ARCHIVE_SCRUB_DAYS": "off"}, 0, 8 * 1024**2),
         ({"ORBIT_ARCHIVE_SCRUB_DAYS": "0", "ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND": "2MiB/s"}, 0,
          2 * 1024**2),
-        ({"ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND": "65536"}, 30, 65536),
+        ({"ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND": "64KiB"}, 30, 65536),
     ],
 )  # fmt: skip
 def test_scrub_settings(env: dict[str, str], days: int, rate: int) -> None:
@@ -123,6 +123,8 @@ def test_scrub_settings(env: dict[str, str], days: int, rate: int) -> None:
         ("ORBIT_ARCHIVE_SCRUB_DAYS", "monthly", "not an integer"),
         ("ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND", "1KiB/s", "allowed 64KiB..1GiB per second"),
         ("ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND", "fast", "is not a size per second"),
+        # a bare number is refused, as every size (issue 27's one vocabulary)
+        ("ORBIT_ARCHIVE_SCRUB_BYTES_PER_SECOND", "65536", "is not a size per second"),
         ("ORBIT_ARCHIVE_SCRUB_REPAIR", "maybe", "allowed 1, 0"),
     ],
 )
