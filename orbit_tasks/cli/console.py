@@ -14,7 +14,15 @@ import sys
 import click
 
 from orbit_tasks.archive.store.controls import PLATFORM_NAMESPACE
-from orbit_tasks.cli.common import emit, emit_list, iso_utc, json_option
+from orbit_tasks.cli.common import (
+    WordChoice,
+    check_listen,
+    emit,
+    emit_list,
+    iso_utc,
+    json_option,
+    server_options,
+)
 from orbit_tasks.console import access
 from orbit_tasks.console import store as console_store
 from orbit_tasks.db.registry import platform_engine
@@ -47,7 +55,7 @@ def _read_secret() -> str:
 @click.argument("name")
 @click.option(
     "--role",
-    type=click.Choice([r.value for r in access.Role]),
+    type=WordChoice([r.value for r in access.Role]),
     required=True,
     help="viewer: reads every page; operator: also acts (pause, retry, requeue ...).",
 )
@@ -102,17 +110,10 @@ def user_remove(name: str, as_json: bool) -> None:
 
 
 @console_group.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option(
-    "--port",
-    type=click.IntRange(1, 65535),
-    default=8090,
-    show_default=True,
-    help="TCP port (1..65535).",
-)
+@server_options(8090)
 @click.option(
     "--log-level",
-    type=click.Choice(LOG_LEVELS),
+    type=WordChoice(LOG_LEVELS),
     default="info",
     show_default=True,
     help="Level of the server's and the console's log lines.",
@@ -130,6 +131,7 @@ def serve(host: str, port: int, log_level: str) -> None:
 
     if not host.strip():
         raise InvalidInput("--host '' is empty (give an address, e.g. 127.0.0.1)")
+    check_listen(host, port)  # a busy port: one line, exit 3 (docs/cli.md "Servers")
     configure_from_settings(log_level.upper())
     require_schema(platform_engine(), "platform")
     app = create_app(platform_engine(), business_engine(), get_settings())

@@ -330,6 +330,7 @@ SERVER_COMMANDS = {
     "api serve": ["api", "serve"],
     "metrics serve": ["metrics", "serve"],
     "flower": ["flower", "--no-auth"],
+    "console serve": ["console", "serve"],
 }
 
 
