@@ -3,6 +3,7 @@ escaped. No I/O: the routes (``app.py``) pass what the stores returned."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
@@ -289,6 +290,28 @@ def fleet(
             empty="no stalled job",
         )  # fmt: skip
     )
+    if plat is not None:
+        labels = {bytes.fromhex(s["storage_id"]): s["label"] or s["storage_id"] for s in storages}
+        scrub_rows = [
+            [
+                link(
+                    url("/jobs", storage=sid.hex(), state="SUCCEEDED"), labels.get(sid, sid.hex())
+                ),
+                e(n),
+                e(_age(plat.now, plat.scrub_oldest.get(sid))),
+                runbook_link(runbook, "OrbitArchiveScrubFailed", "runbook"),
+            ]
+            for sid, n in sorted(plat.scrub_failed.items())
+            if n > 0
+        ]
+        out.append(
+            table(
+                ["storage", "jobs that failed their scrub", "oldest verification", "runbook"],
+                scrub_rows,
+                caption="Scrub failures (archived jobs whose files no longer verify)",
+                empty="no scrub failure",
+            )  # fmt: skip
+        )
     business = snap.business
     if business is None:
         if snap.business_configured:
@@ -380,3 +403,8 @@ def markdown_sections(text: str) -> str:
             chunk.append(line)
     flush()
     return "".join(out)
+
+
+def _age(now: dt.datetime, then: dt.datetime | None) -> str:
+    """How long ago ``then`` was, in whole seconds ("-": never)."""
+    return "-" if then is None else f"{max(0.0, (now - then).total_seconds()):.0f} s ago"

@@ -201,3 +201,39 @@ def test_dead_letters_resolved_in_bulk_after_a_preview(ae: ArchiveEnv, console: 
     # resolved rows are refused by a bulk requeue, as by the CLI's
     refused = _post(operator, "/dead-letters/preview", action="requeue", code="REJECTED")
     assert "3 refused" in refused.text and "resolved by operator" in refused.text
+
+
+def test_a_scrub_failure_is_on_the_fleet_page(ae: ArchiveEnv, console: Console) -> None:
+    """Issue 29 item 1 ("scrub failures when they exist"): a job whose files no longer verify,
+    found by `orbit archive scrub`, is on the fleet page under what needs a person, with its
+    storage and the runbook section; before the scrub there is none."""
+    from tests.support.scene import deliver
+
+    scene = archive_scene(ae.engine, name="rot", volume=ae.tmp / "vol", kind="tasks", roots=10)
+    job = create_job(ae, scene.ns, "tasks")
+    places = {scene.storage.hex(): scene.volume}
+    for _ in range(50):
+        if deliver(job, places, ae.settings, engine=ae.engine) == "succeeded":
+            break
+    assert ae.job(scene.ns, job.id).state is JobState.SUCCEEDED
+    viewer = sign_in(console.base_url, "viewer")
+    assert "no scrub failure" in until(lambda: viewer.get("/").text or None, 30, "the fleet")
+    (batch,) = scene.volume.rglob("00000001-*.jsonl.gz")
+    data = bytearray(batch.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    batch.write_bytes(bytes(data))
+    scrub = ae.orbit("archive", "scrub", "rot", job.id.hex(), "--volume", str(scene.volume),
+                     check=False)  # fmt: skip
+    assert scrub.returncode == 1 and batch.name in scrub.stderr, scrub.stderr
+
+    def with_the_failure() -> str | None:
+        text = viewer.get("/").text
+        return (
+            text
+            if "jobs that failed their scrub" in text and "no scrub failure" not in text
+            else None
+        )
+
+    fleet = until(with_the_failure, 30, "the scrub failure on the fleet page")
+    section = fleet.split("Scrub failures", 1)[1]
+    assert scene.storage.hex() in section and 'href="/runbook#orbitarchivescrubfailed"' in section
