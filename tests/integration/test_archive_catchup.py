@@ -41,6 +41,7 @@ from orbit_tasks.db.engine import db_now, make_engine
 from orbit_tasks.db.migrate import alembic_config
 from orbit_tasks.db.platform_tables import archive_job_ends, archive_jobs, archive_plans
 from orbit_tasks.dev import generator
+from orbit_tasks.platform import store as platform_store
 from orbit_tasks.platform.history import HISTORY_KINDS
 from orbit_tasks.settings import Settings, load_settings
 from tests.support.archive_jobs import (
@@ -460,6 +461,21 @@ def test_real_workers_and_beat_catch_up_through_a_pool_child_killed_mid_job(
 # --- item 6: a job that failed BUDGET_EXCEEDED before the upgrade ---------------------------------
 
 
+def _plan_as_before(engine: Engine, ns: bytes, sid: bytes) -> None:
+    """The plan as an earlier release left it: its policy revision and its row, written at the
+    old revision directly (today's ``plan set`` reads tables of later revisions, such as the
+    retired storages of p0007, that a database at p0003 does not have)."""
+    with engine.begin() as conn:
+        rev = platform_store.add_policy_revision(conn, ns, KIND, 3600, "test")
+        conn.execute(
+            archive_plans.insert().values(
+                namespace_id=ns, kind=KIND, revision=1, enabled=True, policy_revision=rev,
+                storage_id=sid, interval_seconds=86400, batch_size=100, max_bytes=1 * MiB,
+                next_run_at=db_now(conn),
+            )
+        )  # fmt: skip
+
+
 @pytest.mark.mariadb
 @pytest.mark.parametrize("way_out", ["abandon", "retry"])
 def test_a_budget_exceeded_job_from_before_the_upgrade_has_a_way_out(
@@ -480,8 +496,10 @@ def test_a_budget_exceeded_job_from_before_the_upgrade_has_a_way_out(
         vol = tmp_path / "vol"
         sid = make_volume(engine, vol, "vol")
         _seed_events(engine, ns, 25_000)
-        make_plan(engine, ns, KIND, sid, batch_size=100, max_bytes=1 * MiB)
-        report = run_tick(engine, settings, publish=lambda *a, **k: None)
+        _plan_as_before(engine, ns, sid)
+        # the tick as the earlier release ran it: no scrub (p0010's tables do not exist yet)
+        old_tick = settings.with_overrides(archive_scrub_days=0)
+        report = run_tick(engine, old_tick, publish=lambda *a, **k: None)
         ((_, _, job_hex),) = report.jobs_created
         with engine.begin() as conn:  # as the previous release left it
             conn.execute(

@@ -64,8 +64,10 @@ def test_the_archive_cycle_runs_end_to_end_on_quorum_queues(ae: ArchiveEnv, vhos
     ns, _q, vol, sid = archive_scene(
         ae.engine, name="quorum", volume=ae.tmp / "vol", roots=40, batch_size=5, label="q"
     ).parts  # fmt: skip
-    # each confirm takes a while: the job needs several slices of 2 s, so continuations too
-    w = ae.worker("w", [vol], control=True, failpoints="archive.after_file_write=sleep:0.3")
+    # each file write takes 1 s: the job's 9 files need more than one slice of 2 s, however the
+    # group writes (up to 4 files in parallel) pack them, so continuations go through the queue
+    # (at 0.3 s a write, one delivery wrote all 9 files in 2.7 s: "released" never came)
+    w = ae.worker("w", [vol], control=True, failpoints="archive.after_file_write=sleep:1.0")
     job = create_job(ae, ns, "tasks")
     done = wait_state(ae, job, {JobState.SUCCEEDED, JobState.FAILED}, timeout=90)
     assert done.state is JobState.SUCCEEDED, done
